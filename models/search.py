@@ -1,0 +1,172 @@
+"""Greedy and beam search in PyTorch over the model's encode / decode_step API.
+
+This is the reference the ONNX Runtime decoder (export/) and the serving
+engine are checked against, token for token. The KV cache is preallocated
+per call (gpt-fast style) and written in place one step at a time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from models.transformer import Transformer
+
+
+def max_output_len(src_len: int, cap: int) -> int:
+    """Output budget for a source of `src_len` tokens: generous, never past `cap`."""
+    return min(cap, int(src_len * 1.5) + 10)
+
+
+class KVCache:
+    """Self-attention keys/values for every layer, preallocated to `capacity` steps."""
+
+    def __init__(self, model: Transformer, rows: int, capacity: int, device=None):
+        cfg = model.cfg
+        shape = (cfg.n_dec_layers, rows, cfg.n_heads, capacity, cfg.head_dim)  # (L, B, H, Tmax, Dh)
+        self.k = torch.zeros(shape, device=device)
+        self.v = torch.zeros(shape, device=device)
+        self.length = 0
+
+    def past(self) -> tuple[Tensor, Tensor]:
+        return self.k[:, :, :, : self.length], self.v[:, :, :, : self.length]
+
+    def append(self, new_k: Tensor, new_v: Tensor) -> None:
+        """new_k, new_v (L, B, H, 1, Dh) written at the next free position."""
+        self.k[:, :, :, self.length : self.length + 1] = new_k
+        self.v[:, :, :, self.length : self.length + 1] = new_v
+        self.length += 1
+
+    def reorder(self, rows: Tensor) -> None:
+        """Keep row rows[i] as row i (beam search parents)."""
+        self.k = self.k.index_select(1, rows)
+        self.v = self.v.index_select(1, rows)
+
+
+@torch.no_grad()
+def greedy(model: Transformer, src_ids: Tensor, max_len: int | None = None, use_cache: bool = True) -> list[list[int]]:
+    """Batched greedy decoding. src_ids (B, S) right-padded. Returns ids without BOS/EOS.
+
+    use_cache=False recomputes the whole prefix each step (the tutorials' way);
+    it exists as the parity baseline and for benchmarks.
+    """
+    cfg = model.cfg
+    b, s = src_ids.shape
+    max_len = max_len or max_output_len(s, cfg.max_positions - 1)
+    src_mask = src_ids != cfg.pad_id
+    cross_k, cross_v = model.cross_kv(model.encode(src_ids, src_mask))
+    cache = KVCache(model, b, max_len, src_ids.device) if use_cache else None
+    prefix = torch.full((b, 1), cfg.bos_id, dtype=torch.long, device=src_ids.device)
+    finished = torch.zeros(b, dtype=torch.bool, device=src_ids.device)
+    for step in range(max_len):
+        if cache is not None:
+            past_k, past_v = cache.past()
+            past_mask = torch.ones(b, step, dtype=torch.bool, device=src_ids.device)
+            tokens = prefix[:, -1:]
+            positions = torch.full((b, 1), step, dtype=torch.long, device=src_ids.device)
+        else:
+            past_k, past_v, past_mask = model.empty_past(b, src_ids.device)
+            tokens = prefix
+            positions = torch.arange(step + 1, device=src_ids.device).expand(b, step + 1)
+        logits, new_k, new_v = model.decode_step(tokens, positions, past_k, past_v, past_mask,
+                                                 cross_k, cross_v, src_mask)
+        if cache is not None:
+            cache.append(new_k, new_v)
+        nxt = logits[:, -1].argmax(-1)
+        nxt = torch.where(finished, torch.full_like(nxt, cfg.pad_id), nxt)
+        prefix = torch.cat([prefix, nxt[:, None]], dim=1)
+        finished |= nxt == cfg.eos_id
+        if bool(finished.all()):
+            break
+    return [_strip(row, cfg.eos_id, cfg.pad_id) for row in prefix[:, 1:].tolist()]
+
+
+def _strip(ids: list[int], eos: int, pad: int) -> list[int]:
+    out = []
+    for t in ids:
+        if t == eos or t == pad:
+            break
+        out.append(t)
+    return out
+
+
+def length_normalized(score: float, length: int, alpha: float) -> float:
+    """Log-prob divided by length^alpha; length counts the EOS token."""
+    return score / (max(length, 1) ** alpha)
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]
+    score: float  # length-normalised log-probability
+
+
+@torch.no_grad()
+def beam_search(model: Transformer, src_ids: Tensor, beam: int = 5, alpha: float = 1.0,
+                max_len: int | None = None, n_best: int = 1) -> list[list[Hypothesis]]:
+    """Batched beam search; returns the n_best finished hypotheses per sentence, best first.
+
+    A sentence stops once it holds `beam` finished hypotheses (EOS-terminated
+    candidates taken from the top 2*beam each step); at max_len the live beams
+    are finished as they stand.
+    """
+    cfg = model.cfg
+    b, s = src_ids.shape
+    k = beam
+    max_len = max_len or max_output_len(s, cfg.max_positions - 1)
+    dev = src_ids.device
+    src_mask = src_ids != cfg.pad_id
+    cross_k, cross_v = model.cross_kv(model.encode(src_ids, src_mask))
+    rows = torch.arange(b, device=dev).repeat_interleave(k)  # (B*K,) sentence of each row
+    cross_k, cross_v = cross_k.index_select(1, rows), cross_v.index_select(1, rows)  # (L, B*K, H, S, Dh)
+    src_mask = src_mask.index_select(0, rows)
+    cache = KVCache(model, b * k, max_len, dev)
+    scores = torch.full((b, k), float("-inf"), device=dev)
+    scores[:, 0] = 0.0  # only the first beam is live at step 0, so no duplicates
+    tokens = torch.full((b * k,), cfg.bos_id, dtype=torch.long, device=dev)
+    history = torch.zeros(b * k, 0, dtype=torch.long, device=dev)
+    done: list[list[Hypothesis]] = [[] for _ in range(b)]
+    active = [True] * b
+    vocab = cfg.vocab_size
+    for step in range(max_len):
+        past_k, past_v = cache.past()
+        past_mask = torch.ones(b * k, step, dtype=torch.bool, device=dev)
+        positions = torch.full((b * k, 1), step, dtype=torch.long, device=dev)
+        logits, new_k, new_v = model.decode_step(tokens[:, None], positions, past_k, past_v, past_mask,
+                                                 cross_k, cross_v, src_mask)
+        cache.append(new_k, new_v)
+        logp = logits[:, -1].float().log_softmax(-1).view(b, k, vocab)
+        cand = (scores[:, :, None] + logp).view(b, k * vocab)  # (B, K*V)
+        top_scores, top_idx = cand.topk(2 * k, dim=1)  # (B, 2K)
+        last = step == max_len - 1
+        next_scores = torch.full((b, k), float("-inf"), device=dev)
+        parents = torch.zeros(b, k, dtype=torch.long, device=dev)
+        next_tokens = torch.full((b, k), cfg.pad_id, dtype=torch.long, device=dev)
+        ts, ti = top_scores.tolist(), top_idx.tolist()
+        for i in range(b):
+            if not active[i]:
+                continue
+            filled = 0
+            for sc, idx in zip(ts[i], ti[i]):
+                if sc == float("-inf"):
+                    break
+                parent, tok = divmod(idx, vocab)
+                if tok == cfg.eos_id or last:
+                    if len(done[i]) < k:
+                        seq = history[i * k + parent].tolist() + ([] if tok == cfg.eos_id else [tok])
+                        done[i].append(Hypothesis(seq, length_normalized(sc, step + 1, alpha)))
+                    continue
+                if filled < k:
+                    next_scores[i, filled], parents[i, filled], next_tokens[i, filled] = sc, parent, tok
+                    filled += 1
+            if len(done[i]) >= k or last:
+                active[i] = False
+        if not any(active):
+            break
+        flat_parents = (torch.arange(b, device=dev)[:, None] * k + parents).view(-1)  # (B*K,)
+        cache.reorder(flat_parents)
+        tokens = next_tokens.view(-1)
+        history = torch.cat([history.index_select(0, flat_parents), tokens[:, None]], dim=1)
+        scores = next_scores
+    return [sorted(h, key=lambda x: -x.score)[:n_best] for h in done]

@@ -107,9 +107,10 @@ def beam_search(model: Transformer, src_ids: Tensor, beam: int = 5, alpha: float
                 max_len: int | None = None, n_best: int = 1) -> list[list[Hypothesis]]:
     """Batched beam search; returns the n_best finished hypotheses per sentence, best first.
 
-    A sentence stops once it holds `beam` finished hypotheses (EOS-terminated
-    candidates taken from the top 2*beam each step); at max_len the live beams
-    are finished as they stand.
+    Each step ranks the top 2*beam continuations per sentence; an EOS among the
+    first `beam` of them finishes a hypothesis, the best `beam` non-EOS ones
+    live on. A sentence stops once it holds `beam` finished hypotheses; at
+    max_len the live beams are finished as they stand.
     """
     cfg = model.cfg
     b, s = src_ids.shape
@@ -148,12 +149,15 @@ def beam_search(model: Transformer, src_ids: Tensor, beam: int = 5, alpha: float
             if not active[i]:
                 continue
             filled = 0
-            for sc, idx in zip(ts[i], ti[i]):
+            for rank, (sc, idx) in enumerate(zip(ts[i], ti[i])):
                 if sc == float("-inf"):
                     break
                 parent, tok = divmod(idx, vocab)
                 if tok == cfg.eos_id or last:
-                    if len(done[i]) < k:
+                    # Like fairseq, an EOS counts only when it ranks among the top `beam`
+                    # candidates: a low-probability early stop must not fill the
+                    # finished list before the live beams get there.
+                    if rank < k and len(done[i]) < k:
                         seq = history[i * k + parent].tolist() + ([] if tok == cfg.eos_id else [tok])
                         done[i].append(Hypothesis(seq, length_normalized(sc, step + 1, alpha)))
                     continue

@@ -1,0 +1,29 @@
+# Everything a fresh machine needs, in two commands:
+#   make test                      # install into .venv, run the test suite
+#   make translate TEXT="..."      # install, translate with the shipped default model
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+EXTRAS ?= train,export,serve,dev
+TEXT   ?= A man is riding a bike.
+
+.PHONY: install test translate clean
+
+install: $(VENV)/.installed
+
+# torch is installed first and pinned exactly, so pip takes the local CPU wheel
+# instead of resolving a multi-GB CUDA build.
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	touch $@
+
+test: install
+	$(PY) -m pytest -q
+
+translate: install
+	$(PY) -m models.translate "$(TEXT)"
+
+clean:
+	rm -rf $(VENV) .pytest_cache

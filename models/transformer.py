@@ -178,7 +178,12 @@ class Transformer(nn.Module):
             new_ks.append(k)
             new_vs.append(v)
         x = self.dec_norm(x)
-        logits = F.linear(x, self.tgt_embed.weight) if self.out_proj is None else self.out_proj(x)
+        if self.out_proj is None:
+            # 2-D so the ONNX exporter emits Gemm(transB=1) on the embedding itself
+            # instead of constant-folding a transposed copy of it into the graph.
+            logits = F.linear(x.reshape(b * t, -1), self.tgt_embed.weight).view(b, t, -1)  # (B, T, V)
+        else:
+            logits = self.out_proj(x)
         return logits, torch.stack(new_ks), torch.stack(new_vs)
 
     # -- training -------------------------------------------------------------

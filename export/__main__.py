@@ -1,0 +1,171 @@
+"""Export a checkpoint to a model bundle: check everything, report every problem, then save.
+
+    python -m export --checkpoint models/pretrained/multi30k-en-de-small/model.pt \\
+        --out model_repository [--name multi30k-en-de-small] [--version 1] [--int8] [--fp16]
+
+Writes <out>/<name>/<version>/ (Triton's repository layout) with encoder.onnx,
+decoder_step.onnx, the optional variants, tokenizer.json, config.json,
+MODEL_CARD.md (when one sits beside the checkpoint) and README.md (the graph
+signatures). Nothing is written into <out> unless every check passes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+import onnx
+
+from export import onnx as graphs
+from export.parity import graph_parity
+from export.variants import convert_fp16, quantize_int8
+from models.evaluate import load_checkpoint
+from server.bundle import BUNDLE_FORMAT, load_bundle
+from server.runtime import OnnxModel, RuntimeOptions
+
+FP32_TOLERANCE = 1e-4  # max abs diff, any output, any parity case
+INT8_LOGIT_TOLERANCE = 2.0  # sanity bound only; int8 quality is judged by BLEU in the model card
+
+
+def _io_signature(model: onnx.ModelProto) -> dict[str, list[dict]]:
+    def describe(values):
+        out = []
+        for v in values:
+            t = v.type.tensor_type
+            dims = [d.dim_param or d.dim_value for d in t.shape.dim]
+            out.append({"name": v.name, "dtype": onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name,
+                        "shape": dims})
+        return out
+    return {"inputs": describe(model.graph.input), "outputs": describe(model.graph.output)}
+
+
+def check_graph(path: Path, inputs: list[str], outputs: list[str], axes: dict, opset: int) -> list[str]:
+    """Structural checks on one exported graph: checker, opset, names, symbolic axes."""
+    problems = []
+    model = onnx.load(str(path))
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except Exception as e:  # noqa: BLE001 (report the checker's words, whatever they are)
+        problems.append(f"{path.name}: onnx checker: {e}")
+    got_opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if got_opset != opset:
+        problems.append(f"{path.name}: opset {got_opset}, expected {opset}")
+    sig = _io_signature(model)
+    for kind, want in (("inputs", inputs), ("outputs", outputs)):
+        got = [v["name"] for v in sig[kind]]
+        if got != want:
+            problems.append(f"{path.name}: {kind} {got}, expected {want}")
+    for v in sig["inputs"] + sig["outputs"]:
+        for axis, label in axes.get(v["name"], {}).items():
+            if axis >= len(v["shape"]) or v["shape"][axis] != label:
+                problems.append(f"{path.name}: {v['name']} axis {axis} is {v['shape'][axis] if axis < len(v['shape']) else 'missing'}, "
+                                f"expected dynamic {label!r}")
+    return problems
+
+
+def build_config(args, cfg, meta: dict, variants: dict, signatures: dict) -> dict:
+    return {
+        "format": BUNDLE_FORMAT,
+        "name": args.name,
+        "version": args.version,
+        "source_language": meta.get("src_lang", args.src_lang),
+        "target_language": meta.get("tgt_lang", args.tgt_lang),
+        "model": cfg.to_dict(),
+        "opset": args.opset,
+        "limits": {"max_source_tokens": cfg.max_positions, "max_output_tokens": cfg.max_positions - 1},
+        "decoding_defaults": {"beam": 5, "length_penalty": 1.0},
+        "tokenizer": "tokenizer.json",
+        "variants": variants,
+        "signatures": signatures,
+        "trained": {k: meta[k] for k in ("corpus", "epoch", "step", "val_bleu_greedy") if k in meta},
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--out", required=True, help="model repository folder")
+    p.add_argument("--name", help="model name (default: the checkpoint's folder name)")
+    p.add_argument("--version", type=int, default=1)
+    p.add_argument("--src-lang", default="en", help="used when the checkpoint does not record it")
+    p.add_argument("--tgt-lang", default="de", help="used when the checkpoint does not record it")
+    p.add_argument("--opset", type=int, default=graphs.OPSET)
+    p.add_argument("--int8", action="store_true", help="also write the dynamic-int8 variant")
+    p.add_argument("--fp16", action="store_true", help="also write the fp16 (GPU) variant")
+    p.add_argument("--force", action="store_true", help="replace an existing <name>/<version>")
+    args = p.parse_args(argv)
+    ckpt = Path(args.checkpoint)
+    args.name = args.name or ckpt.parent.name
+    model, tok, meta = load_checkpoint(ckpt)
+    target = Path(args.out) / args.name / str(args.version)
+    if target.exists() and not args.force:
+        print(f"error: {target} exists (use --force to replace it)", file=sys.stderr)
+        return 2
+
+    problems: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="bundle-", dir=Path(args.out).parent if Path(args.out).parent.exists() else None) as tmp:
+        stage = Path(tmp) / "bundle"
+        print(f"exporting {args.name} v{args.version} ({model.num_parameters():,} parameters)", file=sys.stderr)
+        paths = graphs.export_graphs(model, stage, args.opset)
+        problems += check_graph(paths["encoder"], graphs.ENCODER_INPUTS, graphs.ENCODER_OUTPUTS,
+                                graphs.ENCODER_AXES, args.opset)
+        problems += check_graph(paths["decoder"], graphs.DECODER_INPUTS, graphs.DECODER_OUTPUTS,
+                                graphs.DECODER_AXES, args.opset)
+        variants = {"fp32": {"encoder": "encoder.onnx", "decoder_step": "decoder_step.onnx"}}
+        if args.int8:
+            print("quantizing to int8", file=sys.stderr)
+            quantize_int8(paths["encoder"], stage / "encoder.int8.onnx")
+            quantize_int8(paths["decoder"], stage / "decoder_step.int8.onnx")
+            variants["int8"] = {"encoder": "encoder.int8.onnx", "decoder_step": "decoder_step.int8.onnx"}
+        if args.fp16:
+            print("converting to fp16", file=sys.stderr)
+            convert_fp16(paths["encoder"], stage / "encoder.fp16.onnx")
+            convert_fp16(paths["decoder"], stage / "decoder_step.fp16.onnx")
+            variants["fp16"] = {"encoder": "encoder.fp16.onnx", "decoder_step": "decoder_step.fp16.onnx"}
+        saved = graphs.share_tied_embedding(paths["decoder"])
+        print(f"tied embedding shared in decoder_step.onnx: {saved / 2**20:.1f} MiB saved", file=sys.stderr)
+        tok.save(stage / "tokenizer.json")
+        signatures = {"encoder": _io_signature(onnx.load(str(paths["encoder"]))),
+                      "decoder_step": _io_signature(onnx.load(str(paths["decoder"])))}
+        config = build_config(args, model.cfg, meta, variants, signatures)
+        (stage / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        card = ckpt.parent / "MODEL_CARD.md"
+        if card.exists():
+            shutil.copy(card, stage / "MODEL_CARD.md")
+        (stage / "README.md").write_text("# Bundle graphs\n\n```\n" + graphs.__doc__.strip() + "\n```\n")
+
+        # Parity, through the same loader and runtime the server uses.
+        bundle = load_bundle(stage)
+        fp32 = OnnxModel(bundle, RuntimeOptions(variant="fp32", provider="cpu"))
+        worst = max(graph_parity(model, fp32), key=lambda d: d.max_abs_diff)
+        print(f"fp32 parity: worst max|diff| {worst.max_abs_diff:.2e} ({worst.output}, case {worst.case})",
+              file=sys.stderr)
+        if worst.max_abs_diff > FP32_TOLERANCE:
+            problems.append(f"fp32 parity: {worst.output} differs by {worst.max_abs_diff:.2e} in case {worst.case} "
+                            f"(tolerance {FP32_TOLERANCE})")
+        if args.int8:
+            int8 = OnnxModel(bundle, RuntimeOptions(variant="int8", provider="cpu"))
+            worst8 = max((d for d in graph_parity(model, int8) if d.output == "logits"), key=lambda d: d.max_abs_diff)
+            print(f"int8 logits: worst max|diff| {worst8.max_abs_diff:.3f}", file=sys.stderr)
+            if worst8.max_abs_diff > INT8_LOGIT_TOLERANCE:
+                problems.append(f"int8 logits differ by {worst8.max_abs_diff:.2f} (sanity bound {INT8_LOGIT_TOLERANCE})")
+
+        if problems:
+            print(f"export failed with {len(problems)} problem(s); nothing written:", file=sys.stderr)
+            for item in problems:
+                print(f"  - {item}", file=sys.stderr)
+            return 1
+        if target.exists():
+            shutil.rmtree(target)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(stage), str(target))
+    print(f"wrote {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

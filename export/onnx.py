@@ -1,0 +1,164 @@
+"""The two ONNX graphs a bundle serves: the encoder, and one decoder step.
+
+encoder.onnx
+    inputs   src_ids   int64 (batch, src_len)
+             src_mask  bool  (batch, src_len)         True on real tokens
+    outputs  memory    float (batch, src_len, d_model)  (for Embed: mean-pool under src_mask)
+             cross_k   float (layers, batch, heads, src_len, head_dim)
+             cross_v   float (layers, batch, heads, src_len, head_dim)
+
+decoder_step.onnx
+    inputs   tokens    int64 (batch, step)            usually step = 1
+             positions int64 (batch, step)            per row: rows may be of different ages
+             past_k    float (layers, batch, heads, past_len, head_dim)
+             past_v    float (layers, batch, heads, past_len, head_dim)
+             past_mask bool  (batch, past_len)        True where the cache holds a real entry
+             cross_k, cross_v                          as the encoder returned them
+             src_mask  bool  (batch, src_len)
+    outputs  logits    float (batch, step, vocab)
+             new_k     float (layers, batch, heads, step, head_dim)   only this step's entries
+             new_v     float (layers, batch, heads, step, head_dim)
+
+Why past in / new out rather than a shared past-present buffer (ONNX Runtime
+GenAI's `past_present_share_buffer`): a shared buffer updated inside the graph
+assumes every row writes at the same index, which breaks as soon as rows of
+different ages share a step. Here the engine owns a preallocated cache and
+writes each row's new entry at that row's own position; the graph never sees
+the buffer's capacity, only the `past_len` columns the batch needs, with the
+holes masked. Layers are stacked on a leading axis (one tensor per kind, not
+Optimum's `past_key_values.{i}.key` per layer) so the engine moves one array
+per step.
+"""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+from onnx import numpy_helper
+from torch import Tensor, nn
+
+from models.transformer import Transformer
+
+OPSET = 17
+
+ENCODER_INPUTS = ["src_ids", "src_mask"]
+ENCODER_OUTPUTS = ["memory", "cross_k", "cross_v"]
+DECODER_INPUTS = ["tokens", "positions", "past_k", "past_v", "past_mask", "cross_k", "cross_v", "src_mask"]
+DECODER_OUTPUTS = ["logits", "new_k", "new_v"]
+
+ENCODER_AXES = {
+    "src_ids": {0: "batch", 1: "src_len"},
+    "src_mask": {0: "batch", 1: "src_len"},
+    "memory": {0: "batch", 1: "src_len"},
+    "cross_k": {1: "batch", 3: "src_len"},
+    "cross_v": {1: "batch", 3: "src_len"},
+}
+DECODER_AXES = {
+    "tokens": {0: "batch", 1: "step"},
+    "positions": {0: "batch", 1: "step"},
+    "past_k": {1: "batch", 3: "past_len"},
+    "past_v": {1: "batch", 3: "past_len"},
+    "past_mask": {0: "batch", 1: "past_len"},
+    "cross_k": {1: "batch", 3: "src_len"},
+    "cross_v": {1: "batch", 3: "src_len"},
+    "src_mask": {0: "batch", 1: "src_len"},
+    "logits": {0: "batch", 1: "step"},
+    "new_k": {1: "batch", 3: "step"},
+    "new_v": {1: "batch", 3: "step"},
+}
+
+
+class EncoderGraph(nn.Module):
+    def __init__(self, model: Transformer):
+        super().__init__()
+        self.model = model
+
+    def forward(self, src_ids: Tensor, src_mask: Tensor):
+        memory = self.model.encode(src_ids, src_mask)
+        cross_k, cross_v = self.model.cross_kv(memory)
+        return memory, cross_k, cross_v
+
+
+class DecoderStepGraph(nn.Module):
+    def __init__(self, model: Transformer):
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens, positions, past_k, past_v, past_mask, cross_k, cross_v, src_mask):
+        return self.model.decode_step(tokens, positions, past_k, past_v, past_mask, cross_k, cross_v, src_mask)
+
+
+def example_inputs(model: Transformer, batch: int = 2, src_len: int = 5, past_len: int = 3, step: int = 1,
+                   seed: int = 0) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
+    """Random but valid inputs for both graphs (ragged rows, masked holes in the past)."""
+    cfg = model.cfg
+    g = torch.Generator().manual_seed(seed)
+    src_ids = torch.randint(4, cfg.vocab_size, (batch, src_len), generator=g)
+    src_mask = torch.ones(batch, src_len, dtype=torch.bool)
+    src_mask[-1, src_len // 2:] = False
+    src_ids[~src_mask] = cfg.pad_id
+    kv_shape = (cfg.n_dec_layers, batch, cfg.n_heads, src_len, cfg.head_dim)
+    past_shape = (cfg.n_dec_layers, batch, cfg.n_heads, past_len, cfg.head_dim)
+    past_mask = torch.ones(batch, past_len, dtype=torch.bool)
+    past_mask[0, past_len // 2:] = False  # row 0 is younger than the others
+    positions = past_mask.sum(1, keepdim=True) + torch.arange(step)[None, :]
+    dec = (torch.randint(4, cfg.vocab_size, (batch, step), generator=g), positions,
+           torch.randn(past_shape, generator=g), torch.randn(past_shape, generator=g), past_mask,
+           torch.randn(kv_shape, generator=g), torch.randn(kv_shape, generator=g), src_mask)
+    return (src_ids, src_mask), dec
+
+
+def export_graphs(model: Transformer, out_dir: Path, opset: int = OPSET) -> dict[str, Path]:
+    """Write encoder.onnx and decoder_step.onnx for `model` (fp32) into out_dir."""
+    model = model.eval()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    enc_inputs, dec_inputs = example_inputs(model)
+    paths = {"encoder": out_dir / "encoder.onnx", "decoder": out_dir / "decoder_step.onnx"}
+    with warnings.catch_warnings(), torch.no_grad():
+        # The TorchScript exporter is deprecated in favour of dynamo; it is kept
+        # here because it gives plain, optimiser-friendly graphs with named
+        # dynamic axes for this control-flow-free model.
+        warnings.simplefilter("ignore")
+        torch.onnx.export(EncoderGraph(model), enc_inputs, str(paths["encoder"]), dynamo=False,
+                          input_names=ENCODER_INPUTS, output_names=ENCODER_OUTPUTS,
+                          dynamic_axes=ENCODER_AXES, opset_version=opset, do_constant_folding=True)
+        torch.onnx.export(DecoderStepGraph(model), dec_inputs, str(paths["decoder"]), dynamo=False,
+                          input_names=DECODER_INPUTS, output_names=DECODER_OUTPUTS,
+                          dynamic_axes=DECODER_AXES, opset_version=opset, do_constant_folding=True)
+    return paths
+
+
+def share_tied_embedding(path: Path) -> int:
+    """Replace folded transposed copies of initializers by a Transpose node.
+
+    Constant folding stores the tied output projection as a second,
+    transposed copy of the embedding (8 MB for the default model). Pointing the
+    MatMul at Transpose(embedding) instead keeps one copy on disk; ONNX Runtime
+    folds the transpose once at session load. Run it after quantisation, which
+    needs the folded MatMul weight to find it. Returns the bytes saved.
+    """
+    model = onnx.load(str(path))
+    inits = {i.name: i for i in model.graph.initializer}
+    by_shape: dict[tuple, list[str]] = {}
+    for name, init in inits.items():
+        if len(init.dims) == 2:
+            by_shape.setdefault(tuple(init.dims), []).append(name)
+    saved = 0
+    # Only folded constants (unnamed by the exporter) are replaced; named parameters stay.
+    for name, init in list(inits.items()):
+        if len(init.dims) != 2 or not name.startswith("onnx::"):
+            continue
+        arr = numpy_helper.to_array(init)
+        for other in by_shape.get((init.dims[1], init.dims[0]), []):
+            if not other.startswith("onnx::") and np.array_equal(numpy_helper.to_array(inits[other]).T, arr):
+                model.graph.initializer.remove(init)
+                model.graph.node.insert(0, onnx.helper.make_node("Transpose", [other], [name], perm=[1, 0],
+                                                                 name=f"share_{name}"))
+                saved += arr.nbytes
+                break
+    if saved:
+        onnx.save(model, str(path))
+    return saved

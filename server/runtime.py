@@ -1,0 +1,81 @@
+"""ONNX Runtime sessions for one bundle: `encode` and `decode_step` on numpy arrays.
+
+Execution providers: CUDA when asked for and available (package
+onnxruntime-gpu), CPU otherwise. Thread counts are explicit because the
+defaults (one intra-op thread per core, spinning) fight with the gRPC and
+scheduler threads of the server around them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import onnxruntime as ort
+
+from server.bundle import Bundle
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    variant: str = "fp32"
+    provider: str = "auto"  # auto | cpu | cuda
+    intra_op_threads: int = 0  # 0 = ONNX Runtime's default (one per physical core)
+    inter_op_threads: int = 1
+    allow_spinning: bool = True
+
+
+def resolve_providers(provider: str) -> list[str]:
+    available = ort.get_available_providers()
+    if provider == "cpu":
+        return ["CPUExecutionProvider"]
+    if provider == "cuda":
+        if "CUDAExecutionProvider" not in available:
+            raise RuntimeError(f"CUDA execution provider requested but not available (have {available}); "
+                               "install onnxruntime-gpu and run on a machine with a CUDA device")
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    if provider == "auto":
+        if "CUDAExecutionProvider" in available:
+            return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+        return ["CPUExecutionProvider"]
+    raise ValueError(f"unknown provider {provider!r} (auto, cpu or cuda)")
+
+
+def session_options(opts: RuntimeOptions) -> ort.SessionOptions:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads = opts.intra_op_threads
+    so.inter_op_num_threads = opts.inter_op_threads
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    if not opts.allow_spinning:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return so
+
+
+class OnnxModel:
+    """The encoder and decoder-step sessions of one bundle variant."""
+
+    def __init__(self, bundle: Bundle, opts: Optional[RuntimeOptions] = None):
+        self.bundle = bundle
+        self.spec = bundle.spec
+        self.opts = opts or RuntimeOptions()
+        self.providers = resolve_providers(self.opts.provider)
+        so = session_options(self.opts)
+        self.encoder = ort.InferenceSession(str(bundle.graph_path(self.opts.variant, "encoder")), so,
+                                            providers=self.providers)
+        self.decoder = ort.InferenceSession(str(bundle.graph_path(self.opts.variant, "decoder_step")), so,
+                                            providers=self.providers)
+
+    def encode(self, src_ids: np.ndarray, src_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """src_ids (B, S) int64, src_mask (B, S) bool -> memory (B, S, D), cross_k, cross_v (L, B, H, S, Dh)."""
+        memory, cross_k, cross_v = self.encoder.run(None, {"src_ids": src_ids, "src_mask": src_mask})
+        return memory, cross_k, cross_v
+
+    def decode_step(self, tokens: np.ndarray, positions: np.ndarray, past_k: np.ndarray, past_v: np.ndarray,
+                    past_mask: np.ndarray, cross_k: np.ndarray, cross_v: np.ndarray,
+                    src_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One step: logits (B, T, V) and the step's new keys/values (L, B, H, T, Dh)."""
+        logits, new_k, new_v = self.decoder.run(None, {
+            "tokens": tokens, "positions": positions, "past_k": past_k, "past_v": past_v,
+            "past_mask": past_mask, "cross_k": cross_k, "cross_v": cross_v, "src_mask": src_mask})
+        return logits, new_k, new_v

@@ -1,0 +1,167 @@
+"""Greedy and beam search on ONNX Runtime and numpy alone (no torch).
+
+Static batches: every row starts together. This is the decoder the parity
+tests hold against models/search.py token for token (same candidate rules,
+same length penalty), and the ONNX side of the throughput benchmark.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from server.runtime import OnnxModel
+
+
+def max_output_len(src_len: int, cap: int) -> int:
+    """Output budget for a source of `src_len` tokens (the same rule as models/search.py)."""
+    return min(cap, int(src_len * 1.5) + 10)
+
+
+def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Right-pad -> ids (B, S) int64 and mask (B, S) bool."""
+    width = max(len(s) for s in seqs)
+    ids = np.full((len(seqs), width), pad_id, dtype=np.int64)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = s
+    return ids, ids != pad_id
+
+
+class StepCache:
+    """Preallocated self-attention cache (L, B, H, capacity, Dh) for rows that advance together."""
+
+    def __init__(self, model: OnnxModel, rows: int, capacity: int):
+        s = model.spec
+        shape = (s.n_dec_layers, rows, s.n_heads, capacity, s.head_dim)
+        self.k = np.zeros(shape, dtype=np.float32)
+        self.v = np.zeros(shape, dtype=np.float32)
+        self.length = 0
+
+    def past(self) -> tuple[np.ndarray, np.ndarray]:
+        # ONNX Runtime takes C-contiguous inputs; a slice along axis 3 is not one.
+        return (np.ascontiguousarray(self.k[:, :, :, : self.length]),
+                np.ascontiguousarray(self.v[:, :, :, : self.length]))
+
+    def append(self, new_k: np.ndarray, new_v: np.ndarray) -> None:
+        self.k[:, :, :, self.length] = new_k[:, :, :, 0]
+        self.v[:, :, :, self.length] = new_v[:, :, :, 0]
+        self.length += 1
+
+    def reorder(self, rows: np.ndarray) -> None:
+        self.k = self.k[:, rows]
+        self.v = self.v[:, rows]
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def greedy(model: OnnxModel, src_ids: np.ndarray, src_mask: np.ndarray, max_len: int | None = None,
+           forced_len: int | None = None) -> list[list[int]]:
+    """Batched greedy decoding; returns ids without BOS/EOS.
+
+    forced_len (benchmarks only) decodes exactly that many steps, ignoring EOS,
+    so every engine does the same amount of work.
+    """
+    s = model.spec
+    b, src_len = src_ids.shape
+    max_len = forced_len or max_len or max_output_len(src_len, s.max_positions - 1)
+    _, cross_k, cross_v = model.encode(src_ids, src_mask)
+    cache = StepCache(model, b, max_len)
+    tokens = np.full((b, 1), s.bos_id, dtype=np.int64)
+    out = np.full((b, max_len), s.pad_id, dtype=np.int64)
+    finished = np.zeros(b, dtype=bool)
+    for step in range(max_len):
+        past_k, past_v = cache.past()
+        logits, new_k, new_v = model.decode_step(tokens, np.full((b, 1), step, dtype=np.int64), past_k, past_v,
+                                                 np.ones((b, step), dtype=bool), cross_k, cross_v, src_mask)
+        cache.append(new_k, new_v)
+        nxt = logits[:, -1].argmax(-1)
+        if forced_len is None:
+            nxt = np.where(finished, s.pad_id, nxt)
+            finished |= nxt == s.eos_id
+        out[:, step] = nxt
+        tokens = nxt[:, None].astype(np.int64)
+        if forced_len is None and finished.all():
+            break
+    rows = out.tolist()
+    if forced_len is not None:
+        return rows
+    return [_strip(r, s.eos_id, s.pad_id) for r in rows]
+
+
+def _strip(ids: list[int], eos: int, pad: int) -> list[int]:
+    for i, t in enumerate(ids):
+        if t == eos or t == pad:
+            return ids[:i]
+    return ids
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]
+    score: float  # log-probability / length^alpha, length counting EOS
+
+
+def beam_search(model: OnnxModel, src_ids: np.ndarray, src_mask: np.ndarray, beam: int = 5, alpha: float = 1.0,
+                max_len: int | None = None, n_best: int = 1) -> list[list[Hypothesis]]:
+    """Batched beam search with the rules of models/search.py:beam_search."""
+    s = model.spec
+    b, src_len = src_ids.shape
+    k, vocab = beam, s.vocab_size
+    max_len = max_len or max_output_len(src_len, s.max_positions - 1)
+    _, cross_k, cross_v = model.encode(src_ids, src_mask)
+    rows = np.repeat(np.arange(b), k)  # (B*K,)
+    cross_k, cross_v, mask = cross_k[:, rows], cross_v[:, rows], src_mask[rows]
+    cache = StepCache(model, b * k, max_len)
+    scores = np.full((b, k), -np.inf, dtype=np.float32)
+    scores[:, 0] = 0.0
+    tokens = np.full(b * k, s.bos_id, dtype=np.int64)
+    history = np.zeros((b * k, 0), dtype=np.int64)
+    done: list[list[Hypothesis]] = [[] for _ in range(b)]
+    active = [True] * b
+    for step in range(max_len):
+        past_k, past_v = cache.past()
+        logits, new_k, new_v = model.decode_step(tokens[:, None], np.full((b * k, 1), step, dtype=np.int64),
+                                                 past_k, past_v, np.ones((b * k, step), dtype=bool),
+                                                 cross_k, cross_v, mask)
+        cache.append(new_k, new_v)
+        logp = log_softmax(logits[:, -1].astype(np.float32)).reshape(b, k, vocab)
+        cand = (scores[:, :, None] + logp).reshape(b, k * vocab)  # (B, K*V)
+        top = np.argpartition(-cand, 2 * k - 1, axis=1)[:, : 2 * k]
+        top_scores = np.take_along_axis(cand, top, 1)
+        order = np.argsort(-top_scores, axis=1, kind="stable")
+        top, top_scores = np.take_along_axis(top, order, 1), np.take_along_axis(top_scores, order, 1)
+        last = step == max_len - 1
+        next_scores = np.full((b, k), -np.inf, dtype=np.float32)
+        parents = np.zeros((b, k), dtype=np.int64)
+        next_tokens = np.full((b, k), s.pad_id, dtype=np.int64)
+        for i in range(b):
+            if not active[i]:
+                continue
+            filled = 0
+            for rank in range(2 * k):
+                sc = float(top_scores[i, rank])
+                if sc == -np.inf:
+                    break
+                parent, tok = divmod(int(top[i, rank]), vocab)
+                if tok == s.eos_id or last:
+                    if rank < k and len(done[i]) < k:
+                        seq = history[i * k + parent].tolist() + ([] if tok == s.eos_id else [tok])
+                        done[i].append(Hypothesis(seq, sc / max(step + 1, 1) ** alpha))
+                    continue
+                if filled < k:
+                    next_scores[i, filled], parents[i, filled], next_tokens[i, filled] = sc, parent, tok
+                    filled += 1
+            if len(done[i]) >= k or last:
+                active[i] = False
+        if not any(active):
+            break
+        flat = (np.arange(b)[:, None] * k + parents).reshape(-1)
+        cache.reorder(flat)
+        tokens = next_tokens.reshape(-1)
+        history = np.concatenate([history[flat], tokens[:, None]], axis=1)
+        scores = next_scores
+    return [sorted(h, key=lambda x: -x.score)[:n_best] for h in done]

@@ -1,0 +1,111 @@
+"""ONNX export: graph checks, parity with PyTorch, the bundle the server loads."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from export import onnx as graphs
+from export.__main__ import check_graph
+from export.__main__ import main as export_main
+from export.parity import graph_parity, token_parity
+from models.config import preset
+from models.tokenizer import train_tokenizer
+from models.transformer import Transformer
+from server.bundle import BundleError, discover, load_bundle
+from server.runtime import OnnxModel, RuntimeOptions
+
+VOCAB_TEXTS = ["a b c d e f g h i j k l m n o p q r s t u v w x y z"] * 5
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    """A random tiny model, saved as a checkpoint and exported with its int8 variant."""
+    root = tmp_path_factory.mktemp("export")
+    tok = train_tokenizer(VOCAB_TEXTS, vocab_size=60, min_frequency=1)
+    ckpt_dir = root / "tiny-xx-yy"
+    ckpt_dir.mkdir()
+    tok.save(ckpt_dir / "tokenizer.json")
+    torch.manual_seed(0)
+    model = Transformer(preset("tiny", vocab_size=tok.vocab_size)).eval()
+    torch.save({"config": model.cfg.to_dict(), "model": model.state_dict(),
+                "meta": {"src_lang": "xx", "tgt_lang": "yy"}}, ckpt_dir / "model.pt")
+    (ckpt_dir / "MODEL_CARD.md").write_text("# tiny\n")
+    out = root / "repository"
+    assert export_main(["--checkpoint", str(ckpt_dir / "model.pt"), "--out", str(out), "--int8"]) == 0
+    return model, out
+
+
+def test_bundle_layout_and_config(repo):
+    model, out = repo
+    (bundle,) = discover(out)
+    assert bundle.path == out / "tiny-xx-yy" / "1"
+    assert (bundle.name, bundle.version, bundle.source_language, bundle.target_language) == ("tiny-xx-yy", 1, "xx", "yy")
+    assert set(bundle.variants) == {"fp32", "int8"}
+    for name in ("encoder.onnx", "decoder_step.onnx", "encoder.int8.onnx", "decoder_step.int8.onnx",
+                 "tokenizer.json", "config.json", "MODEL_CARD.md", "README.md"):
+        assert (bundle.path / name).exists(), name
+    config = json.loads((bundle.path / "config.json").read_text())
+    assert config["model"] == model.cfg.to_dict() and config["opset"] == graphs.OPSET
+    dec_inputs = config["signatures"]["decoder_step"]["inputs"]
+    assert [i["name"] for i in dec_inputs] == graphs.DECODER_INPUTS
+    past_k = next(i for i in dec_inputs if i["name"] == "past_k")
+    assert past_k["shape"][1] == "batch" and past_k["shape"][3] == "past_len"
+
+
+def test_fp32_graphs_match_pytorch(repo):
+    model, out = repo
+    onnx_model = OnnxModel(load_bundle(out / "tiny-xx-yy" / "1"), RuntimeOptions(provider="cpu"))
+    diffs = graph_parity(model, onnx_model)
+    assert {d.output for d in diffs} == {"memory", "cross_k", "cross_v", "logits", "new_k", "new_v"}
+    assert max(d.max_abs_diff for d in diffs) <= 1e-4
+
+
+def test_int8_graphs_stay_close(repo):
+    model, out = repo
+    onnx_model = OnnxModel(load_bundle(out / "tiny-xx-yy" / "1"), RuntimeOptions(variant="int8", provider="cpu"))
+    logits = [d.max_abs_diff for d in graph_parity(model, onnx_model) if d.output == "logits"]
+    assert 0 < max(logits) < 0.5  # quantised (not identical), but close
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_numpy_decoder_gives_pytorch_tokens(repo, beam):
+    model, out = repo
+    onnx_model = OnnxModel(load_bundle(out / "tiny-xx-yy" / "1"), RuntimeOptions(provider="cpu"))
+    rng = np.random.default_rng(0)
+    sources = [list(rng.integers(4, model.cfg.vocab_size, rng.integers(1, 12))) + [2] for _ in range(40)]
+    result = token_parity(model, onnx_model, sources, beam=beam, batch_size=16)
+    assert result.identical == result.sentences, [
+        (a, b) for a, b in zip(result.torch_ids, result.onnx_ids) if a != b][:3]
+    assert any(len(x) > 3 for x in result.onnx_ids)  # real decodes, not immediate EOS
+
+
+def test_existing_version_is_not_overwritten(repo, capsys):
+    model, out = repo
+    ckpt = out.parent / "tiny-xx-yy" / "model.pt"
+    assert export_main(["--checkpoint", str(ckpt), "--out", str(out)]) == 2
+    assert "exists" in capsys.readouterr().err
+
+
+def test_graph_checks_report_every_problem(repo):
+    _, out = repo
+    path = out / "tiny-xx-yy" / "1" / "decoder_step.onnx"
+    problems = check_graph(path, ["tokens"], ["logits"], {"tokens": {0: "rows"}}, opset=13)
+    assert any("opset" in p for p in problems)
+    assert any("inputs" in p for p in problems) and any("outputs" in p for p in problems)
+    assert any("dynamic 'rows'" in p for p in problems)
+    assert check_graph(path, graphs.DECODER_INPUTS, graphs.DECODER_OUTPUTS, graphs.DECODER_AXES, graphs.OPSET) == []
+
+
+def test_broken_bundle_lists_all_problems(repo, tmp_path):
+    _, out = repo
+    src = out / "tiny-xx-yy" / "1"
+    broken = tmp_path / "m" / "1"
+    broken.mkdir(parents=True)
+    config = json.loads((src / "config.json").read_text())
+    config["format"] = "something-else"
+    (broken / "config.json").write_text(json.dumps(config))
+    with pytest.raises(BundleError) as err:
+        load_bundle(broken)
+    msg = str(err.value)
+    assert "format" in msg and "encoder.onnx missing" in msg and "tokenizer.json missing" in msg

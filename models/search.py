@@ -45,11 +45,13 @@ class KVCache:
 
 
 @torch.no_grad()
-def greedy(model: Transformer, src_ids: Tensor, max_len: int | None = None, use_cache: bool = True) -> list[list[int]]:
+def greedy(model: Transformer, src_ids: Tensor, max_len: int | None = None, use_cache: bool = True,
+           min_len: int = 0) -> list[list[int]]:
     """Batched greedy decoding. src_ids (B, S) right-padded. Returns ids without BOS/EOS.
 
     use_cache=False recomputes the whole prefix each step (the tutorials' way);
-    it exists as the parity baseline and for benchmarks.
+    it exists as the parity baseline and for benchmarks. EOS is suppressed for
+    the first `min_len` steps (min_len = max_len forces exact lengths).
     """
     cfg = model.cfg
     b, s = src_ids.shape
@@ -73,7 +75,10 @@ def greedy(model: Transformer, src_ids: Tensor, max_len: int | None = None, use_
                                                  cross_k, cross_v, src_mask)
         if cache is not None:
             cache.append(new_k, new_v)
-        nxt = logits[:, -1].argmax(-1)
+        last = logits[:, -1]
+        if step < min_len:
+            last = last.index_fill(1, torch.tensor([cfg.eos_id], device=last.device), float("-inf"))
+        nxt = last.argmax(-1)
         nxt = torch.where(finished, torch.full_like(nxt, cfg.pad_id), nxt)
         prefix = torch.cat([prefix, nxt[:, None]], dim=1)
         finished |= nxt == cfg.eos_id

@@ -59,15 +59,15 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 
 
 def greedy(model: OnnxModel, src_ids: np.ndarray, src_mask: np.ndarray, max_len: int | None = None,
-           forced_len: int | None = None) -> list[list[int]]:
+           min_len: int = 0) -> list[list[int]]:
     """Batched greedy decoding; returns ids without BOS/EOS.
 
-    forced_len (benchmarks only) decodes exactly that many steps, ignoring EOS,
-    so every engine does the same amount of work.
+    EOS is suppressed for the first `min_len` steps; min_len = max_len forces
+    exact lengths (benchmarks: every engine does the same work).
     """
     s = model.spec
     b, src_len = src_ids.shape
-    max_len = forced_len or max_len or max_output_len(src_len, s.max_positions - 1)
+    max_len = max_len or max_output_len(src_len, s.max_positions - 1)
     _, cross_k, cross_v = model.encode(src_ids, src_mask)
     cache = StepCache(model, b, max_len)
     tokens = np.full((b, 1), s.bos_id, dtype=np.int64)
@@ -78,18 +78,16 @@ def greedy(model: OnnxModel, src_ids: np.ndarray, src_mask: np.ndarray, max_len:
         logits, new_k, new_v = model.decode_step(tokens, np.full((b, 1), step, dtype=np.int64), past_k, past_v,
                                                  np.ones((b, step), dtype=bool), cross_k, cross_v, src_mask)
         cache.append(new_k, new_v)
-        nxt = logits[:, -1].argmax(-1)
-        if forced_len is None:
-            nxt = np.where(finished, s.pad_id, nxt)
-            finished |= nxt == s.eos_id
+        last = logits[:, -1]
+        if step < min_len:
+            last[:, s.eos_id] = -np.inf
+        nxt = np.where(finished, s.pad_id, last.argmax(-1))
+        finished |= nxt == s.eos_id
         out[:, step] = nxt
         tokens = nxt[:, None].astype(np.int64)
-        if forced_len is None and finished.all():
+        if finished.all():
             break
-    rows = out.tolist()
-    if forced_len is not None:
-        return rows
-    return [_strip(r, s.eos_id, s.pad_id) for r in rows]
+    return [_strip(r, s.eos_id, s.pad_id) for r in out.tolist()]
 
 
 def _strip(ids: list[int], eos: int, pad: int) -> list[int]:

@@ -109,3 +109,15 @@ def test_broken_bundle_lists_all_problems(repo, tmp_path):
         load_bundle(broken)
     msg = str(err.value)
     assert "format" in msg and "encoder.onnx missing" in msg and "tokenizer.json missing" in msg
+
+
+def test_forced_length_decoding_matches(repo):
+    """min_len = max_len (the benchmark's forced mode) agrees between PyTorch and ONNX Runtime."""
+    from models.search import greedy as torch_greedy
+    from server.static_decode import greedy as onnx_greedy, pad_batch
+    model, out = repo
+    onnx_model = OnnxModel(load_bundle(out / "tiny-xx-yy" / "1"), RuntimeOptions(provider="cpu"))
+    ids, mask = pad_batch([[5, 6, 7, 2], [9, 2]], 0)
+    ours = onnx_greedy(onnx_model, ids, mask, max_len=9, min_len=9)
+    assert ours == torch_greedy(model, torch.from_numpy(ids), max_len=9, min_len=9)
+    assert [len(x) for x in ours] == [9, 9] and all(2 not in x for x in ours)

@@ -1,0 +1,215 @@
+"""Greedy decoding throughput: PyTorch (with / without cache), ONNX Runtime fp32 / int8, CTranslate2 float32 / int8.
+
+    python -m benchmarks.decode_throughput --checkpoint models/pretrained/multi30k-en-de-small/model.pt \\
+        --bundle model_repository/multi30k-en-de-small/1
+
+Fairness rules: the same source sentences (the first --sentences of
+test_2016_flickr.en), exactly --tokens target tokens per sentence for every
+engine (EOS suppressed until then), each engine in its own process (two
+OpenMP runtimes in one process slow each other down), and each engine at its
+best intra-op thread count among --threads. Writes a Markdown table to --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Sequence
+
+ROOT = Path(__file__).resolve().parents[1]
+ENGINES = ["torch-recompute", "torch-cache", "ort-fp32", "ort-int8", "ct2-float32", "ct2-int8"]
+
+
+def batches_of(items: list, size: int) -> list[list]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def run_worker(args: argparse.Namespace) -> dict:
+    """Inside a fresh process: decode all sentences at one batch size, report tokens/s."""
+    from models.data import normalize
+    from models.tokenizer import SubwordTokenizer
+
+    engine, threads, batch, n_tok = args.worker, args.worker_threads, args.batch, args.tokens
+    tok = SubwordTokenizer.load(Path(args.bundle) / "tokenizer.json")
+    texts = Path(args.src_file).read_text(encoding="utf-8").splitlines()[: args.sentences]
+    ids = [tok.encode(normalize(t)) for t in texts]
+    groups = batches_of(ids, batch)
+    profile: dict[str, float] = {}
+    if engine.startswith("torch"):
+        import torch
+
+        from models.evaluate import load_checkpoint
+        from models.search import greedy
+        torch.set_num_threads(threads)
+        model, _, _ = load_checkpoint(args.checkpoint)
+
+        def decode(group):
+            width = max(len(x) for x in group)
+            src = torch.tensor([x + [0] * (width - len(x)) for x in group])
+            return greedy(model, src, max_len=n_tok, min_len=n_tok, use_cache=engine == "torch-cache")
+    elif engine.startswith("ort"):
+        from server import static_decode
+        from server.bundle import load_bundle
+        from server.runtime import OnnxModel, RuntimeOptions
+        model = OnnxModel(load_bundle(args.bundle), RuntimeOptions(variant=engine.split("-")[1], provider="cpu",
+                                                                   intra_op_threads=threads))
+        run_time = [0.0]
+        inner = model.decoder.run
+
+        def timed_run(*a, **kw):  # split each step into ONNX Runtime vs numpy/Python
+            t0 = time.perf_counter()
+            out = inner(*a, **kw)
+            run_time[0] += time.perf_counter() - t0
+            return out
+        model.decoder.run = timed_run
+
+        def decode(group):
+            src, mask = static_decode.pad_batch(group, 0)
+            return static_decode.greedy(model, src, mask, max_len=n_tok, min_len=n_tok)
+    else:
+        import ctranslate2
+        translator = ctranslate2.Translator(args.ct2_dirs[engine], device="cpu", intra_threads=threads,
+                                            inter_threads=1)
+
+        def decode(group):
+            res = translator.translate_batch([[tok.piece(i) for i in x] for x in group], beam_size=1,
+                                             max_decoding_length=n_tok, min_decoding_length=n_tok,
+                                             max_batch_size=batch)
+            return [[tok.tok.token_to_id(p) for p in r.hypotheses[0]] for r in res]
+    decode(groups[0])  # warm-up: first-run allocations, lazy initialisation
+    if engine.startswith("ort"):
+        run_time[0] = 0.0
+    t0 = time.perf_counter()
+    outputs = [out for g in groups for out in decode(g)]
+    elapsed = time.perf_counter() - t0
+    produced = sum(len(o) for o in outputs)
+    if engine.startswith("ort"):
+        steps = len(groups) * n_tok
+        profile = {"ms_per_step": 1e3 * elapsed / steps, "ort_ms_per_step": 1e3 * run_time[0] / steps}
+    return {"engine": engine, "threads": threads, "batch": batch, "tokens": produced, "seconds": elapsed,
+            "tokens_per_s": produced / elapsed, "outputs": outputs, "profile": profile}
+
+
+def prepare(args: argparse.Namespace, work: Path) -> dict[str, str]:
+    """int8 bundle variant (if the bundle lacks one) and the CTranslate2 conversions."""
+    from benchmarks.ct2_convert import convert
+    bundle = Path(args.bundle)
+    config = json.loads((bundle / "config.json").read_text())
+    if "int8" not in config["variants"]:
+        repo = work / "repo"
+        subprocess.run([sys.executable, "-m", "export", "--checkpoint", args.checkpoint, "--out", str(repo),
+                        "--name", "bench", "--int8"], check=True, cwd=ROOT)
+        args.bundle = str(repo / "bench" / "1")
+    return {"ct2-float32": str(convert(args.checkpoint, work / "ct2-float32", None)),
+            "ct2-int8": str(convert(args.checkpoint, work / "ct2-int8", "int8"))}
+
+
+def spawn(args: argparse.Namespace, engine: str, threads: int, batch: int, ct2_dirs: dict) -> dict:
+    cmd = [sys.executable, "-m", "benchmarks.decode_throughput", "--worker", engine, "--worker-threads", str(threads),
+           "--batch", str(batch), "--checkpoint", args.checkpoint, "--bundle", args.bundle,
+           "--src-file", args.src_file, "--sentences", str(args.sentences), "--tokens", str(args.tokens),
+           "--ct2-dirs", json.dumps(ct2_dirs)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, check=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def render(results: dict, args: argparse.Namespace, versions: dict) -> str:
+    batch_sizes = args.batch_sizes
+    lines = ["# Greedy decoding throughput", "",
+             f"Target tokens/s, {args.sentences} sentences of test_2016_flickr.en, exactly {args.tokens} "
+             "target tokens each (EOS suppressed), best intra-op thread count of "
+             f"{args.threads} per cell (in brackets), each engine in its own process.", "",
+             f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
+             + ", ".join(f"{k} {v}" for k, v in versions.items()) + ".", "",
+             f"Command: `python -m benchmarks.decode_throughput {' '.join(args.argv)}`", "",
+             "| engine | " + " | ".join(f"batch {b}" for b in batch_sizes) + " |",
+             "|---|" + "---|" * len(batch_sizes)]
+    for engine in ENGINES:
+        cells = []
+        for b in batch_sizes:
+            r = results.get((engine, b))
+            cells.append(f"{r['tokens_per_s']:,.0f} ({r['threads']})" if r else "-")
+        lines.append(f"| {engine} | " + " | ".join(cells) + " |")
+    lines += ["", "Ratios (same run):", "",
+              "| ratio | " + " | ".join(f"batch {b}" for b in batch_sizes) + " |",
+              "|---|" + "---|" * len(batch_sizes)]
+    pairs = [("ort-fp32", "ct2-float32"), ("ort-int8", "ct2-int8"), ("ort-fp32", "torch-cache"),
+             ("torch-cache", "torch-recompute")]
+    for a, b_ in pairs:
+        cells = [f"{results[(a, b)]['tokens_per_s'] / results[(b_, b)]['tokens_per_s']:.2f}x"
+                 if (a, b) in results and (b_, b) in results else "-" for b in batch_sizes]
+        lines.append(f"| {a} / {b_} | " + " | ".join(cells) + " |")
+    lines += ["", "Token agreement with CTranslate2 float32 (same sentences, same forced length):", ""]
+    for engine in ("torch-cache", "ort-fp32", "ort-int8", "ct2-int8"):
+        for b in batch_sizes:
+            if (engine, b) in results and ("ct2-float32", b) in results:
+                ours, ref = results[(engine, b)]["outputs"], results[("ct2-float32", b)]["outputs"]
+                same = sum(x == y for x, y in zip(ours, ref))
+                lines.append(f"- {engine}, batch {b}: {same}/{len(ref)} sentences identical")
+    lines += ["", "ONNX Runtime step profile (ms per decode step, the encoder pass amortised into it, vs time "
+              "inside the decoder's session.run; the rest is the encoder, numpy and Python):", ""]
+    for engine in ("ort-fp32", "ort-int8"):
+        for b in batch_sizes:
+            p = results.get((engine, b), {}).get("profile")
+            if p:
+                lines.append(f"- {engine}, batch {b}: {p['ms_per_step']:.2f} ms/step, "
+                             f"{p['ort_ms_per_step']:.2f} in ONNX Runtime "
+                             f"({100 * p['ort_ms_per_step'] / p['ms_per_step']:.0f}%)")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--bundle", required=True, help="bundle version directory (fp32; int8 is made if missing)")
+    p.add_argument("--src-file", default=str(ROOT.parent / "shared/data/multi30k/test_2016_flickr.en"))
+    p.add_argument("--sentences", type=int, default=128)
+    p.add_argument("--tokens", type=int, default=32)
+    p.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
+    p.add_argument("--threads", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
+    p.add_argument("--engines", type=lambda s: s.split(","), default=ENGINES)
+    p.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "decode_throughput.md"))
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--worker-threads", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--batch", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--ct2-dirs", type=json.loads, default={}, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        print(json.dumps(run_worker(args)))
+        return 0
+    args.argv = argv
+    import ctranslate2
+    import onnxruntime
+    import torch
+    versions = {"torch": torch.__version__, "onnxruntime": onnxruntime.__version__,
+                "ctranslate2": ctranslate2.__version__}
+    results: dict = {}
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        ct2_dirs = prepare(args, Path(tmp))
+        for engine in args.engines:
+            for b in args.batch_sizes:
+                for t in args.threads:
+                    r = spawn(args, engine, t, b, ct2_dirs)
+                    print(f"{engine:16s} batch {b:3d} threads {t}: {r['tokens_per_s']:8.0f} tok/s", file=sys.stderr)
+                    if (engine, b) not in results or r["tokens_per_s"] > results[(engine, b)]["tokens_per_s"]:
+                        results[(engine, b)] = r
+    table = render(results, args, versions)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(table)
+    (out.with_suffix(".json")).write_text(json.dumps(
+        [{k: v for k, v in r.items() if k != "outputs"} for r in results.values()], indent=1))
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

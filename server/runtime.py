@@ -66,16 +66,48 @@ class OnnxModel:
         self.decoder = ort.InferenceSession(str(bundle.graph_path(self.opts.variant, "decoder_step")), so,
                                             providers=self.providers)
 
-    def encode(self, src_ids: np.ndarray, src_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """src_ids (B, S) int64, src_mask (B, S) bool -> memory (B, S, D), cross_k, cross_v (L, B, H, S, Dh)."""
-        memory, cross_k, cross_v = self.encoder.run(None, {"src_ids": src_ids, "src_mask": src_mask})
-        return memory, cross_k, cross_v
+    @property
+    def on_device(self) -> bool:
+        """True when the sessions run on CUDA: cross keys/values then stay there as OrtValues."""
+        return self.providers[0] == "CUDAExecutionProvider"
+
+    def encode(self, src_ids: np.ndarray, src_mask: np.ndarray):
+        """src_ids (B, S) int64, src_mask (B, S) bool -> memory (B, S, D), cross_k, cross_v (L, B, H, S, Dh).
+
+        On CUDA, cross_k and cross_v come back as device-resident OrtValues
+        (IO binding): they are the largest per-request state and are read by
+        every decode step, so they never cross the PCIe bus again.
+        """
+        if not self.on_device:
+            memory, cross_k, cross_v = self.encoder.run(None, {"src_ids": src_ids, "src_mask": src_mask})
+            return memory, cross_k, cross_v
+        binding = self.encoder.io_binding()
+        binding.bind_cpu_input("src_ids", src_ids)
+        binding.bind_cpu_input("src_mask", src_mask)
+        binding.bind_output("memory")  # small, wanted on the host (Embed)
+        binding.bind_output("cross_k", "cuda")
+        binding.bind_output("cross_v", "cuda")
+        self.encoder.run_with_iobinding(binding)
+        memory, cross_k, cross_v = binding.get_outputs()
+        return memory.numpy(), cross_k, cross_v
 
     def decode_step(self, tokens: np.ndarray, positions: np.ndarray, past_k: np.ndarray, past_v: np.ndarray,
-                    past_mask: np.ndarray, cross_k: np.ndarray, cross_v: np.ndarray,
+                    past_mask: np.ndarray, cross_k, cross_v,
                     src_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """One step: logits (B, T, V) and the step's new keys/values (L, B, H, T, Dh)."""
-        logits, new_k, new_v = self.decoder.run(None, {
-            "tokens": tokens, "positions": positions, "past_k": past_k, "past_v": past_v,
-            "past_mask": past_mask, "cross_k": cross_k, "cross_v": cross_v, "src_mask": src_mask})
+        feeds = {"tokens": tokens, "positions": positions, "past_k": past_k, "past_v": past_v,
+                 "past_mask": past_mask, "cross_k": cross_k, "cross_v": cross_v, "src_mask": src_mask}
+        if not isinstance(cross_k, ort.OrtValue):
+            logits, new_k, new_v = self.decoder.run(None, feeds)
+            return logits, new_k, new_v
+        binding = self.decoder.io_binding()
+        for name, value in feeds.items():
+            if isinstance(value, ort.OrtValue):
+                binding.bind_ortvalue_input(name, value)
+            else:
+                binding.bind_cpu_input(name, np.ascontiguousarray(value))
+        for name in ("logits", "new_k", "new_v"):
+            binding.bind_output(name)  # host: the sampler and the slot cache live there
+        self.decoder.run_with_iobinding(binding)
+        logits, new_k, new_v = (v.numpy() for v in binding.get_outputs())
         return logits, new_k, new_v

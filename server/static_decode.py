@@ -110,9 +110,14 @@ def beam_search(model: OnnxModel, src_ids: np.ndarray, src_mask: np.ndarray, bea
     b, src_len = src_ids.shape
     k, vocab = beam, s.vocab_size
     max_len = max_len or max_output_len(src_len, s.max_positions - 1)
-    _, cross_k, cross_v = model.encode(src_ids, src_mask)
     rows = np.repeat(np.arange(b), k)  # (B*K,)
-    cross_k, cross_v, mask = cross_k[:, rows], cross_v[:, rows], src_mask[rows]
+    mask = src_mask[rows]
+    if model.on_device:
+        # Device-resident OrtValues cannot be row-indexed from numpy: encode the repeated batch.
+        _, cross_k, cross_v = model.encode(src_ids[rows], mask)
+    else:
+        _, cross_k, cross_v = model.encode(src_ids, src_mask)
+        cross_k, cross_v = cross_k[:, rows], cross_v[:, rows]
     cache = StepCache(model, b * k, max_len)
     scores = np.full((b, k), -np.inf, dtype=np.float32)
     scores[:, 0] = 0.0

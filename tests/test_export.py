@@ -32,7 +32,7 @@ def repo(tmp_path_factory):
                 "meta": {"src_lang": "xx", "tgt_lang": "yy"}}, ckpt_dir / "model.pt")
     (ckpt_dir / "MODEL_CARD.md").write_text("# tiny\n")
     out = root / "repository"
-    assert export_main(["--checkpoint", str(ckpt_dir / "model.pt"), "--out", str(out), "--int8"]) == 0
+    assert export_main(["--checkpoint", str(ckpt_dir / "model.pt"), "--out", str(out), "--int8", "--fp16"]) == 0
     return model, out
 
 
@@ -41,7 +41,7 @@ def test_bundle_layout_and_config(repo):
     (bundle,) = discover(out)
     assert bundle.path == out / "tiny-xx-yy" / "1"
     assert (bundle.name, bundle.version, bundle.source_language, bundle.target_language) == ("tiny-xx-yy", 1, "xx", "yy")
-    assert set(bundle.variants) == {"fp32", "int8"}
+    assert set(bundle.variants) == {"fp32", "int8", "fp16"}
     for name in ("encoder.onnx", "decoder_step.onnx", "encoder.int8.onnx", "decoder_step.int8.onnx",
                  "tokenizer.json", "config.json", "MODEL_CARD.md", "README.md"):
         assert (bundle.path / name).exists(), name
@@ -66,6 +66,14 @@ def test_int8_graphs_stay_close(repo):
     onnx_model = OnnxModel(load_bundle(out / "tiny-xx-yy" / "1"), RuntimeOptions(variant="int8", provider="cpu"))
     logits = [d.max_abs_diff for d in graph_parity(model, onnx_model) if d.output == "logits"]
     assert 0 < max(logits) < 0.5  # quantised (not identical), but close
+
+
+def test_fp16_graphs_stay_close(repo):
+    """The fp16 variant is for CUDA, but ONNX Runtime's CPU provider runs it too: check it here."""
+    model, out = repo
+    onnx_model = OnnxModel(load_bundle(out / "tiny-xx-yy" / "1"), RuntimeOptions(variant="fp16", provider="cpu"))
+    logits = [d.max_abs_diff for d in graph_parity(model, onnx_model) if d.output == "logits"]
+    assert 0 < max(logits) < 0.05
 
 
 @pytest.mark.parametrize("beam", [1, 3])

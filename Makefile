@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 EXTRAS ?= train,export,serve,dev
 TEXT   ?= A man is riding a bike.
 
-.PHONY: install test translate clean
+.PHONY: install test translate clean protos
 
 install: $(VENV)/.installed
 
@@ -27,3 +27,7 @@ translate: install
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+# Regenerate the gRPC code from protos/ (committed; tests check it is current).
+protos: install
+	$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. protos/nmt/v1/translator.proto

@@ -6,11 +6,11 @@ same length penalty), and the ONNX side of the throughput benchmark.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
+from server.beam import BeamState, Hypothesis, log_softmax
 from server.runtime import OnnxModel
 
 
@@ -53,11 +53,6 @@ class StepCache:
         self.v = self.v[:, rows]
 
 
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x - x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
-
-
 def greedy(model: OnnxModel, src_ids: np.ndarray, src_mask: np.ndarray, max_len: int | None = None,
            min_len: int = 0) -> list[list[int]]:
     """Batched greedy decoding; returns ids without BOS/EOS.
@@ -97,18 +92,12 @@ def _strip(ids: list[int], eos: int, pad: int) -> list[int]:
     return ids
 
 
-@dataclass
-class Hypothesis:
-    tokens: list[int]
-    score: float  # log-probability / length^alpha, length counting EOS
-
-
 def beam_search(model: OnnxModel, src_ids: np.ndarray, src_mask: np.ndarray, beam: int = 5, alpha: float = 1.0,
                 max_len: int | None = None, n_best: int = 1) -> list[list[Hypothesis]]:
-    """Batched beam search with the rules of models/search.py:beam_search."""
+    """Batched beam search with the rules of models/search.py:beam_search (see server/beam.py)."""
     s = model.spec
     b, src_len = src_ids.shape
-    k, vocab = beam, s.vocab_size
+    k = beam
     max_len = max_len or max_output_len(src_len, s.max_positions - 1)
     rows = np.repeat(np.arange(b), k)  # (B*K,)
     mask = src_mask[rows]
@@ -119,52 +108,23 @@ def beam_search(model: OnnxModel, src_ids: np.ndarray, src_mask: np.ndarray, bea
         _, cross_k, cross_v = model.encode(src_ids, src_mask)
         cross_k, cross_v = cross_k[:, rows], cross_v[:, rows]
     cache = StepCache(model, b * k, max_len)
-    scores = np.full((b, k), -np.inf, dtype=np.float32)
-    scores[:, 0] = 0.0
+    states = [BeamState(k, s.eos_id, alpha) for _ in range(b)]
     tokens = np.full(b * k, s.bos_id, dtype=np.int64)
-    history = np.zeros((b * k, 0), dtype=np.int64)
-    done: list[list[Hypothesis]] = [[] for _ in range(b)]
-    active = [True] * b
     for step in range(max_len):
         past_k, past_v = cache.past()
         logits, new_k, new_v = model.decode_step(tokens[:, None], np.full((b * k, 1), step, dtype=np.int64),
                                                  past_k, past_v, np.ones((b * k, step), dtype=bool),
                                                  cross_k, cross_v, mask)
         cache.append(new_k, new_v)
-        logp = log_softmax(logits[:, -1].astype(np.float32)).reshape(b, k, vocab)
-        cand = (scores[:, :, None] + logp).reshape(b, k * vocab)  # (B, K*V)
-        top = np.argpartition(-cand, 2 * k - 1, axis=1)[:, : 2 * k]
-        top_scores = np.take_along_axis(cand, top, 1)
-        order = np.argsort(-top_scores, axis=1, kind="stable")
-        top, top_scores = np.take_along_axis(top, order, 1), np.take_along_axis(top_scores, order, 1)
-        last = step == max_len - 1
-        next_scores = np.full((b, k), -np.inf, dtype=np.float32)
-        parents = np.zeros((b, k), dtype=np.int64)
-        next_tokens = np.full((b, k), s.pad_id, dtype=np.int64)
-        for i in range(b):
-            if not active[i]:
+        logp = log_softmax(logits[:, -1]).reshape(b, k, -1)
+        flat = np.arange(b * k)
+        for i, state in enumerate(states):
+            if state.finished:
                 continue
-            filled = 0
-            for rank in range(2 * k):
-                sc = float(top_scores[i, rank])
-                if sc == -np.inf:
-                    break
-                parent, tok = divmod(int(top[i, rank]), vocab)
-                if tok == s.eos_id or last:
-                    if rank < k and len(done[i]) < k:
-                        seq = history[i * k + parent].tolist() + ([] if tok == s.eos_id else [tok])
-                        done[i].append(Hypothesis(seq, sc / max(step + 1, 1) ** alpha))
-                    continue
-                if filled < k:
-                    next_scores[i, filled], parents[i, filled], next_tokens[i, filled] = sc, parent, tok
-                    filled += 1
-            if len(done[i]) >= k or last:
-                active[i] = False
-        if not any(active):
+            parents, next_tokens = state.advance(logp[i], step, step == max_len - 1)
+            flat[i * k:(i + 1) * k] = i * k + parents
+            tokens[i * k:(i + 1) * k] = next_tokens
+        if all(state.finished for state in states):
             break
-        flat = (np.arange(b)[:, None] * k + parents).reshape(-1)
         cache.reorder(flat)
-        tokens = next_tokens.reshape(-1)
-        history = np.concatenate([history[flat], tokens[:, None]], axis=1)
-        scores = next_scores
-    return [sorted(h, key=lambda x: -x.score)[:n_best] for h in done]
+    return [state.best(n_best) for state in states]

@@ -1,0 +1,80 @@
+"""Beam-search bookkeeping for one sentence, independent of how its rows are batched.
+
+The static decoder (static_decode.py) and the continuous-batching engine both
+call `BeamState.advance` once per decode step with the sentence's K rows of
+log-probabilities; the state answers which parent row each surviving beam
+continues and with which token. The rules match models/search.py exactly:
+rank the top 2K continuations; an EOS among the first K finishes a
+hypothesis; the best K non-EOS continuations live on; the sentence is done
+with K finished hypotheses or at its length limit.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]
+    score: float  # log-probability / length^alpha, length counting EOS
+    finished_by_eos: bool = True
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float32) - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+@dataclass
+class BeamState:
+    beam: int
+    eos_id: int
+    alpha: float = 1.0
+    scores: np.ndarray = field(init=False)  # (K,) cumulative log-prob of live beams
+    history: list[list[int]] = field(init=False)  # (K, t) tokens of live beams
+    done: list[Hypothesis] = field(default_factory=list)
+    finished: bool = False
+
+    def __post_init__(self) -> None:
+        self.scores = np.full(self.beam, -np.inf, dtype=np.float32)
+        self.scores[0] = 0.0  # one live beam at the start, so no duplicates
+        self.history = [[] for _ in range(self.beam)]
+
+    def advance(self, logp: np.ndarray, step: int, last: bool) -> tuple[np.ndarray, np.ndarray]:
+        """logp (K, V) for this step -> (parents (K,), next tokens (K,)).
+
+        Dead beams (score -inf) get parent 0 and token eos_id; their rows are
+        masked out by their -inf score in later steps.
+        """
+        k, vocab = logp.shape
+        cand = (self.scores[:, None] + logp).reshape(-1)  # (K*V,)
+        top = np.argpartition(-cand, 2 * k - 1)[: 2 * k]
+        top = top[np.argsort(-cand[top], kind="stable")]
+        next_scores = np.full(k, -np.inf, dtype=np.float32)
+        parents = np.zeros(k, dtype=np.int64)
+        tokens = np.full(k, self.eos_id, dtype=np.int64)
+        filled = 0
+        for rank, idx in enumerate(top.tolist()):
+            sc = float(cand[idx])
+            if sc == -np.inf:
+                break
+            parent, tok = divmod(idx, vocab)
+            if tok == self.eos_id or last:
+                if rank < k and len(self.done) < k:
+                    eos = tok == self.eos_id
+                    seq = self.history[parent] + ([] if eos else [tok])
+                    self.done.append(Hypothesis(seq, sc / max(step + 1, 1) ** self.alpha, eos))
+                continue
+            if filled < k:
+                next_scores[filled], parents[filled], tokens[filled] = sc, parent, tok
+                filled += 1
+        if len(self.done) >= k or last:
+            self.finished = True
+        self.history = [self.history[p] + [int(t)] for p, t in zip(parents.tolist(), tokens.tolist())]
+        self.scores = next_scores
+        return parents, tokens
+
+    def best(self, n: int = 1) -> list[Hypothesis]:
+        return sorted(self.done, key=lambda h: -h.score)[:n]

@@ -1,0 +1,65 @@
+"""Server settings: every one a CLI flag with an NMT_* environment-variable fallback."""
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Optional, Sequence
+
+DEFAULT_REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
+
+
+@dataclass
+class ServerConfig:
+    host: str = "0.0.0.0"
+    port: int = 50051
+    metrics_port: int = 9090  # -1 = no metrics endpoint, 0 = any free port
+    model_repository: str = str(DEFAULT_REPOSITORY)
+    default_model: str = ""  # empty = the first model by name
+    variant: str = "fp32"  # fp32 | int8 | fp16
+    provider: str = "auto"  # auto | cpu | cuda
+    intra_op_threads: int = 0
+    inter_op_threads: int = 1
+    max_batch_size: int = 64  # decode rows (KV cache slots) per model
+    max_batch_tokens: int = 4096  # source tokens per encoder pass
+    max_queue_delay_ms: float = 2.0
+    max_queue_size: int = 256  # texts waiting per model; beyond: RESOURCE_EXHAUSTED
+    max_texts_per_request: int = 64
+    max_source_tokens: int = 256
+    max_output_tokens: int = 256
+    max_beam_size: int = 8
+    max_hypotheses: int = 8
+    grace_period_s: float = 10.0
+    workers: int = 16  # threads for gRPC handlers' blocking work (tokenisation)
+    warmup: bool = True
+
+    @classmethod
+    def parser(cls) -> argparse.ArgumentParser:
+        p = argparse.ArgumentParser(prog="python -m server", description="gRPC translation server.",
+                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        for f in fields(cls):
+            env = "NMT_" + f.name.upper()
+            flag = "--" + f.name.replace("_", "-")
+            default = f.default
+            if f.type in ("bool", bool):
+                p.add_argument(flag, type=_bool, default=_bool(os.environ.get(env, str(default))),
+                               help=f"env {env}")
+            else:
+                kind = {"int": int, "float": float, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
+                p.add_argument(flag, type=kind, default=kind(os.environ.get(env, default)), help=f"env {env}")
+        return p
+
+    @classmethod
+    def from_args(cls, argv: Optional[Sequence[str]] = None) -> "ServerConfig":
+        return cls(**vars(cls.parser().parse_args(argv)))
+
+
+def _bool(text: str | bool) -> bool:
+    if isinstance(text, bool):
+        return text
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected a boolean, got {text!r}")

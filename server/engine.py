@@ -1,0 +1,59 @@
+"""The engine: encoder passes into fresh slots, and one decode step over every running row.
+
+It never sees a queue or a request's options: the scheduler hands it jobs to
+encode and reads back logits. Rows are decoded in slot order.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import onnxruntime as ort
+
+from server.kv_cache import Row, SlotCache
+from server.metrics import Metrics
+from server.request import EmbedJob, Job
+from server.runtime import OnnxModel
+from server.static_decode import pad_batch
+
+
+def _host(x) -> np.ndarray:
+    # On CUDA the encoder leaves cross K/V on the device; the slot cache is host memory.
+    return x.numpy() if isinstance(x, ort.OrtValue) else x
+
+
+class Engine:
+    def __init__(self, name: str, runtime: OnnxModel, cache: SlotCache, metrics: Metrics):
+        self.name, self.runtime, self.cache, self.metrics = name, runtime, cache, metrics
+        self.spec = runtime.spec
+
+    def _encode(self, seqs: list[list[int]]):
+        ids, mask = pad_batch(seqs, self.spec.pad_id)
+        t0 = time.perf_counter()
+        memory, cross_k, cross_v = self.runtime.encode(ids, mask)
+        self.metrics.encode_time.labels(self.name).observe(time.perf_counter() - t0)
+        self.metrics.encode_batch.labels(self.name).observe(len(seqs))
+        self.metrics.padding.labels(self.name).observe(1.0 - mask.sum() / mask.size)
+        return memory, _host(cross_k), _host(cross_v), mask
+
+    def encode(self, jobs: list[Job]) -> list[list[Row]]:
+        """Encode jobs together (padding-masked) and give each its decode rows, primed with BOS."""
+        _, cross_k, cross_v, mask = self._encode([j.src_ids for j in jobs])
+        return [self.cache.allocate(cross_k[:, i], cross_v[:, i], mask[i], job.params.rows, self.spec.bos_id)
+                for i, job in enumerate(jobs)]
+
+    def embed(self, jobs: list[EmbedJob]) -> np.ndarray:
+        """Mean of the encoder states over real (unpadded) positions: (n, D)."""
+        memory, _, _, mask = self._encode([j.src_ids for j in jobs])
+        weights = mask[:, :, None].astype(np.float32)  # (B, S, 1)
+        return (memory * weights).sum(1) / np.maximum(weights.sum(1), 1.0)
+
+    def decode_step(self) -> np.ndarray:
+        """One step for every running row -> logits (B, V); the rows' caches grow by one."""
+        inputs = self.cache.step_inputs()
+        t0 = time.perf_counter()
+        logits, new_k, new_v = self.runtime.decode_step(**inputs)
+        self.metrics.step_time.labels(self.name).observe(time.perf_counter() - t0)
+        self.metrics.decode_batch.labels(self.name).observe(len(inputs["tokens"]))
+        self.cache.append(new_k, new_v)
+        return logits[:, -1]

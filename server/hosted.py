@@ -1,0 +1,131 @@
+"""One served model: its bundle, tokenizer, runtime, slot cache, scheduler and engine loop.
+
+Also the request checks that depend on the model (source length in tokens,
+output budget), so every limit is enforced before anything is queued.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Callable, Optional
+
+from models.data import normalize
+from models.tokenizer import SubwordTokenizer
+from server.bundle import Bundle
+from server.config import ServerConfig
+from server.engine import Engine
+from server.errors import InvalidArgument
+from server.kv_cache import SlotCache
+from server.loop import EngineLoop
+from server.metrics import Metrics
+from server.request import DecodingParams, EmbedJob, ErrorEvent, Event, FinishEvent, Job
+from server.runtime import OnnxModel, RuntimeOptions
+from server.scheduler import Scheduler
+from server.static_decode import max_output_len
+
+
+class HostedModel:
+    def __init__(self, bundle: Bundle, cfg: ServerConfig, metrics: Metrics):
+        self.bundle, self.cfg, self.name = bundle, cfg, bundle.name
+        self.tok = SubwordTokenizer.load(bundle.tokenizer_file)
+        self.runtime = OnnxModel(bundle, RuntimeOptions(variant=cfg.variant, provider=cfg.provider,
+                                                        intra_op_threads=cfg.intra_op_threads,
+                                                        inter_op_threads=cfg.inter_op_threads))
+        spec = bundle.spec
+        self.max_source = min(cfg.max_source_tokens, spec.max_positions)
+        self.max_output = min(cfg.max_output_tokens, spec.max_positions - 1)
+        self.cache = SlotCache(spec, cfg.max_batch_size, self.max_source, self.max_output + 1)
+        self.scheduler = Scheduler(self.name, self.cache, metrics, spec.bos_id, spec.eos_id,
+                                   max_queue=cfg.max_queue_size, max_encode_tokens=cfg.max_batch_tokens,
+                                   max_encode_batch=cfg.max_batch_size)
+        self.engine = Engine(self.name, self.runtime, self.cache, metrics)
+        self.loop = EngineLoop(self.scheduler, self.engine, cfg.max_queue_delay_ms / 1000.0)
+        for gauge in (metrics.running, metrics.waiting, metrics.kv_usage):
+            gauge.labels(self.name).set(0)
+
+    def start(self) -> None:
+        self.loop.start()
+        if self.cfg.warmup:
+            self.warmup()
+
+    def warmup(self) -> None:
+        """One greedy and one beam translation, so the first user request pays no lazy initialisation."""
+        for params in (DecodingParams(), DecodingParams(beam_size=2)):
+            done = threading.Event()
+            result: list[Event] = []
+
+            def sink(event: Event) -> None:
+                if isinstance(event, (FinishEvent, ErrorEvent)):
+                    result.append(event)
+                    done.set()
+            (job,) = self.jobs(["Warm-up."], params, sink, None)
+            self.scheduler.submit([job])
+            if not done.wait(60) or isinstance(result[0], ErrorEvent):
+                raise RuntimeError(f"warm-up of {self.name} failed: {result}")
+
+    def stop(self, grace: float) -> None:
+        self.loop.stop(grace)
+
+    # -- requests ------------------------------------------------------------------
+    def encode_texts(self, texts: list[str]) -> list[list[int]]:
+        problems, out = [], []
+        for i, text in enumerate(texts):
+            if not normalize(text):
+                problems.append(f"texts[{i}] is empty")
+                continue
+            ids = self.tok.encode(text)
+            if len(ids) > self.max_source:
+                problems.append(f"texts[{i}] is {len(ids)} tokens long; the limit is {self.max_source}")
+            out.append(ids)
+        if problems:
+            raise InvalidArgument("; ".join(problems))
+        return out
+
+    def check_params(self, p: DecodingParams) -> DecodingParams:
+        problems = []
+        if p.beam_size > self.cfg.max_beam_size:
+            problems.append(f"beam_size {p.beam_size} exceeds the limit {self.cfg.max_beam_size}")
+        if p.beam_size > 1 and p.sampling:
+            problems.append("beam search and sampling (temperature > 0) cannot be combined")
+        if p.num_hypotheses > max(p.beam_size, 1) and not p.sampling:
+            problems.append(f"num_hypotheses {p.num_hypotheses} needs beam_size >= it, or sampling")
+        if p.num_hypotheses > self.cfg.max_hypotheses:
+            problems.append(f"num_hypotheses {p.num_hypotheses} exceeds the limit {self.cfg.max_hypotheses}")
+        if p.rows > self.cache.capacity:
+            problems.append(f"the request needs {p.rows} decode slots; the server has {self.cache.capacity}")
+        if not 0.0 <= p.temperature <= 100.0:
+            problems.append(f"temperature {p.temperature} must be in [0, 100]")
+        if not 0.0 <= p.top_p <= 1.0:
+            problems.append(f"top_p {p.top_p} must be in [0, 1]")
+        if p.top_k < 0:
+            problems.append(f"top_k {p.top_k} must be >= 0")
+        if not 0.0 <= p.length_penalty <= 10.0:
+            problems.append(f"length_penalty {p.length_penalty} must be in [0, 10]")
+        if p.max_output_tokens > self.max_output:
+            problems.append(f"max_output_tokens {p.max_output_tokens} exceeds the limit {self.max_output}")
+        if problems:
+            raise InvalidArgument("; ".join(problems))
+        return p
+
+    def jobs(self, texts: list[str], params: DecodingParams, sink: Callable[[Event], None] | list,
+             deadline: Optional[float]) -> list[Job]:
+        """Validated jobs for texts; `sink` is one callable for all, or one per text."""
+        params = self.check_params(params)
+        sinks = sink if isinstance(sink, list) else [sink] * len(texts)
+        out = []
+        for ids, s in zip(self.encode_texts(texts), sinks):
+            budget = params.max_output_tokens or max_output_len(len(ids), self.max_output)
+            out.append(Job(self.name, ids, params, min(budget, self.max_output), s, deadline))
+        return out
+
+    def embed_jobs(self, texts: list[str], sinks: list, deadline: Optional[float]) -> list[EmbedJob]:
+        return [EmbedJob(self.name, ids, s, deadline) for ids, s in zip(self.encode_texts(texts), sinks)]
+
+    def info(self) -> dict:
+        spec = self.bundle.spec
+        return {"name": self.name, "version": self.bundle.version,
+                "source_language": self.bundle.source_language, "target_language": self.bundle.target_language,
+                "max_source_tokens": self.max_source, "max_output_tokens": self.max_output,
+                "max_texts_per_request": self.cfg.max_texts_per_request, "max_beam_size": self.cfg.max_beam_size,
+                "variant": self.cfg.variant, "provider": self.runtime.providers[0],
+                "vocab_size": spec.vocab_size, "embedding_dimension": spec.d_model}
+

@@ -1,0 +1,75 @@
+"""The engine loop: one thread per model runs schedule -> execute -> update forever.
+
+The gRPC side only submits jobs and reads their sinks; this thread alone
+touches the engine, the slot cache and the running state, so none of them
+needs a lock.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from server.engine import Engine
+from server.errors import ServiceError, Unavailable
+from server.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+
+class InternalError(ServiceError):
+    pass
+
+
+class EngineLoop(threading.Thread):
+    def __init__(self, scheduler: Scheduler, engine: Engine, max_queue_delay: float = 0.002):
+        super().__init__(name=f"engine-{engine.name}", daemon=True)
+        self.scheduler, self.engine = scheduler, engine
+        self.max_queue_delay = max_queue_delay
+        self.stopping = threading.Event()
+        self.aborting = threading.Event()
+
+    def run(self) -> None:
+        sched = self.scheduler
+        while not (self.stopping.is_set() and sched.idle):
+            if self.aborting.is_set():
+                sched.abort_all(Unavailable("the server shut down before this request finished"))
+                break
+            if sched.idle:
+                sched.wait_for_work(0.05)
+                continue
+            now = time.monotonic()
+            # Dynamic batching: with nothing running, give a lone arrival a moment for company.
+            if not sched.running and sched.oldest_wait(now) < self.max_queue_delay \
+                    and len(sched.waiting) < sched.max_encode_batch:
+                time.sleep(self.max_queue_delay / 4)
+                continue
+            try:
+                self.iteration(now)
+            except Exception as e:  # noqa: BLE001 (an engine bug must not kill the loop)
+                log.exception("engine step failed; failing the running requests")
+                sched.abort_all(InternalError(f"internal engine error: {e}"))
+
+    def iteration(self, now: float) -> None:
+        sched, engine = self.scheduler, self.engine
+        plan = sched.schedule(now)
+        if plan.encode:
+            for job, rows in zip(plan.encode, engine.encode(plan.encode)):
+                sched.start(job, rows)
+        if plan.embed:
+            vectors = engine.embed(plan.embed)
+            for job, vec in zip(plan.embed, vectors):
+                job.timing.finished = time.monotonic()
+                job.sink(vec)
+        if engine.cache.used:
+            logits = engine.decode_step()
+            sched.update(logits, time.monotonic())
+
+    def stop(self, grace: float) -> None:
+        """Refuse new work, let running and queued work finish for `grace` seconds, then fail the rest."""
+        self.scheduler.close()
+        self.stopping.set()
+        self.join(grace)
+        if self.is_alive():
+            self.aborting.set()  # the loop thread fails what is left; only it touches that state
+            self.join(5.0)

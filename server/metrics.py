@@ -1,0 +1,54 @@
+"""Every Prometheus metric the server exports, declared in one place.
+
+Base units (seconds, tokens), `_total` counters, and histogram buckets sized
+for these latencies: a decode step on CPU is ~1-20 ms, a whole translation
+~20 ms to a few seconds. Each server instance owns a registry, so tests can
+run several servers in one process and scrape each one's endpoint.
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.0)
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("nmt_requests_total", "Finished RPCs by method and gRPC status code.",
+                                ["rpc", "code"], registry=r)
+        self.request_latency = Histogram("nmt_request_duration_seconds", "End-to-end RPC latency.",
+                                         ["rpc"], buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_time = Histogram("nmt_queue_duration_seconds", "Time from arrival to the encoder pass.",
+                                    ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram("nmt_time_to_first_token_seconds", "Time from arrival to the first generated token.",
+                              ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.inter_token = Histogram("nmt_inter_token_seconds", "Time between consecutive tokens of a sequence.",
+                                     ["model"], buckets=STEP_BUCKETS, registry=r)
+        self.e2e = Histogram("nmt_sequence_duration_seconds", "Time from arrival to the last token of a text.",
+                             ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.input_tokens = Counter("nmt_input_tokens_total", "Source tokens accepted.", ["model"], registry=r)
+        self.output_tokens = Counter("nmt_output_tokens_total", "Target tokens generated.", ["model"], registry=r)
+        self.output_length = Histogram("nmt_output_length_tokens", "Generated tokens per text.", ["model"],
+                                       buckets=TOKEN_BUCKETS, registry=r)
+        self.running = Gauge("nmt_running_requests", "Texts being decoded.", ["model"], registry=r)
+        self.waiting = Gauge("nmt_waiting_requests", "Texts waiting for a slot.", ["model"], registry=r)
+        self.kv_usage = Gauge("nmt_kv_cache_usage_ratio", "Fraction of KV cache slots in use.", ["model"], registry=r)
+        self.decode_batch = Histogram("nmt_decode_batch_size", "Rows in a decode step.", ["model"],
+                                      buckets=BATCH_BUCKETS, registry=r)
+        self.encode_batch = Histogram("nmt_encode_batch_size", "Texts in an encoder pass.", ["model"],
+                                      buckets=BATCH_BUCKETS, registry=r)
+        self.padding = Histogram("nmt_encode_padding_ratio", "Padding share of an encoder batch.", ["model"],
+                                 buckets=RATIO_BUCKETS, registry=r)
+        self.encode_time = Histogram("nmt_encode_duration_seconds", "Encoder pass duration.", ["model"],
+                                     buckets=STEP_BUCKETS, registry=r)
+        self.step_time = Histogram("nmt_decode_step_duration_seconds", "Decoder step duration (all rows).",
+                                   ["model"], buckets=STEP_BUCKETS, registry=r)
+
+    def serve(self, port: int, addr: str = "0.0.0.0"):
+        """Start the /metrics HTTP endpoint; returns (server, thread)."""
+        return start_http_server(port, addr=addr, registry=self.registry)

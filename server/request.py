@@ -1,0 +1,126 @@
+"""What flows between the service, the scheduler and the engine: plain data, no protobuf.
+
+A `Translate` call with N texts becomes N `Job`s; a stream is one `Job`; an
+`Embed` call is one `EmbedJob` per text. The engine thread reports progress
+through the job's `sink`, a callable the service side supplies (it hops the
+event onto its asyncio loop), so the engine never touches gRPC objects.
+"""
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+
+_ids = itertools.count(1)
+
+
+class FinishReason(enum.Enum):
+    EOS = "eos"
+    LENGTH = "length"
+    CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True)
+class DecodingParams:
+    beam_size: int = 1
+    length_penalty: float = 1.0
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: Optional[int] = None
+    max_output_tokens: int = 0  # 0 = model limit
+    num_hypotheses: int = 1
+
+    @property
+    def sampling(self) -> bool:
+        return self.temperature > 0.0
+
+    @property
+    def rows(self) -> int:
+        """Decode rows (batch slots) this request occupies."""
+        return self.beam_size if self.beam_size > 1 else self.num_hypotheses
+
+
+@dataclass
+class Hypothesis:
+    token_ids: list[int]
+    score: float
+
+
+@dataclass
+class Timing:
+    arrival: float = field(default_factory=time.monotonic)
+    scheduled: Optional[float] = None  # left the queue (encoder pass starts)
+    first_token: Optional[float] = None
+    finished: Optional[float] = None
+    last_token: Optional[float] = None
+
+    def seconds(self) -> dict[str, float]:
+        end = self.finished or time.monotonic()
+        return {"queue": (self.scheduled or end) - self.arrival,
+                "first_token": (self.first_token or end) - self.arrival,
+                "total": end - self.arrival}
+
+
+@dataclass
+class TokenEvent:
+    """New tokens of hypothesis 0 (streaming order); beam search sends them once, at the end."""
+    token_ids: list[int]
+
+
+@dataclass
+class FinishEvent:
+    hypotheses: list[Hypothesis]
+    reason: FinishReason
+    input_tokens: int
+    timing: Timing
+
+
+@dataclass
+class ErrorEvent:
+    error: Exception
+
+
+Event = TokenEvent | FinishEvent | ErrorEvent
+
+
+@dataclass
+class Job:
+    """One text to translate, from submission until its FinishEvent."""
+    model: str
+    src_ids: list[int]
+    params: DecodingParams
+    max_len: int
+    sink: Callable[[Event], None]
+    deadline: Optional[float] = None  # time.monotonic() value
+    id: int = field(default_factory=lambda: next(_ids))
+    timing: Timing = field(default_factory=Timing)
+    cancelled: bool = False  # set from the service side; read by the engine thread
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def expired(self, now: float) -> bool:
+        return self.deadline is not None and now >= self.deadline
+
+
+@dataclass
+class EmbedJob:
+    """Encoder-only work: mean-pooled encoder states of one text."""
+    model: str
+    src_ids: list[int]
+    sink: Callable[[np.ndarray | Exception], None]
+    deadline: Optional[float] = None
+    id: int = field(default_factory=lambda: next(_ids))
+    timing: Timing = field(default_factory=Timing)
+    cancelled: bool = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def expired(self, now: float) -> bool:
+        return self.deadline is not None and now >= self.deadline

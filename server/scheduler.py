@@ -1,0 +1,249 @@
+"""Queues, admission and per-request decoding state. Never touches tensors beyond token ids.
+
+Each engine-loop iteration is  schedule() -> engine work -> update():
+  * schedule() drops cancelled and expired work, then admits waiting jobs
+    (first come, first served) while KV slots and the encoder's token budget
+    allow; the result is a StepPlan.
+  * the engine encodes the admitted jobs into fresh slots and runs one decode
+    step over every running row (old and new together: continuous batching).
+  * update() turns each row's logits into its next token (greedy, sampling or
+    a beam step), streams tokens, and finishes rows and jobs, freeing slots.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from server.beam import BeamState, log_softmax
+from server.errors import Cancelled, DeadlineExceeded, ResourceExhausted, Unavailable
+from server.kv_cache import Row, SlotCache
+from server.metrics import Metrics
+from server.request import EmbedJob, ErrorEvent, FinishEvent, FinishReason, Hypothesis, Job, TokenEvent
+from server.sampler import choose, make_rng
+
+
+@dataclass
+class Running:
+    job: Job
+    rows: list[Row]
+    beam: Optional[BeamState] = None
+    tokens: list[list[int]] = field(default_factory=list)  # per hypothesis (non-beam)
+    logprob: list[float] = field(default_factory=list)
+    live: list[bool] = field(default_factory=list)
+    ended_by_eos: list[bool] = field(default_factory=list)
+    rngs: list = field(default_factory=list)
+    step: int = 0
+
+
+@dataclass
+class StepPlan:
+    encode: list[Job] = field(default_factory=list)
+    embed: list[EmbedJob] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not self.encode and not self.embed
+
+
+class Scheduler:
+    def __init__(self, model: str, cache: SlotCache, metrics: Metrics, bos_id: int, eos_id: int,
+                 max_queue: int = 256, max_encode_tokens: int = 4096, max_encode_batch: int = 64):
+        self.model, self.cache, self.metrics = model, cache, metrics
+        self.bos_id, self.eos_id = bos_id, eos_id
+        self.max_queue, self.max_encode_tokens, self.max_encode_batch = max_queue, max_encode_tokens, max_encode_batch
+        self.waiting: collections.deque[Job | EmbedJob] = collections.deque()
+        self.running: list[Running] = []
+        self.lock = threading.Lock()
+        self.wakeup = threading.Condition(self.lock)
+        self.closed = False
+
+    # -- service side (any thread) ----------------------------------------------
+    def submit(self, jobs: list[Job | EmbedJob]) -> None:
+        """Queue jobs atomically: all of a request's texts, or none (RESOURCE_EXHAUSTED)."""
+        with self.lock:
+            if self.closed:
+                raise Unavailable("the server is shutting down and accepts no new work")
+            if len(self.waiting) + len(jobs) > self.max_queue:
+                raise ResourceExhausted(f"queue full: {len(self.waiting)} texts waiting, limit {self.max_queue}; "
+                                        "retry later")
+            self.waiting.extend(jobs)
+            self.metrics.waiting.labels(self.model).set(len(self.waiting))
+            self.wakeup.notify()
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            self.wakeup.notify()
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.running
+
+    # -- engine loop side ---------------------------------------------------------
+    def wait_for_work(self, timeout: float) -> None:
+        with self.lock:
+            if self.idle and not self.closed:
+                self.wakeup.wait(timeout)
+
+    def oldest_wait(self, now: float) -> float:
+        with self.lock:
+            return now - self.waiting[0].timing.arrival if self.waiting else 0.0
+
+    def schedule(self, now: float) -> StepPlan:
+        self._drop_stale_running(now)
+        plan = StepPlan()
+        free = self.cache.free
+        tokens = 0
+        with self.lock:
+            kept: collections.deque = collections.deque()
+            while self.waiting:
+                job = self.waiting.popleft()
+                if job.cancelled or job.expired(now):
+                    self._fail(job, Cancelled("cancelled by the client") if job.cancelled
+                               else DeadlineExceeded("deadline exceeded while queued"))
+                    continue
+                rows = job.params.rows if isinstance(job, Job) else 0
+                size = len(job.src_ids)
+                batch = len(plan.encode) + len(plan.embed)
+                fits = rows <= free and tokens + size <= self.max_encode_tokens and batch < self.max_encode_batch
+                if not fits or kept:  # FIFO: nobody overtakes a job that did not fit
+                    kept.append(job)
+                    continue
+                free -= rows
+                tokens += size
+                job.timing.scheduled = now
+                self.metrics.queue_time.labels(self.model).observe(now - job.timing.arrival)
+                (plan.encode if isinstance(job, Job) else plan.embed).append(job)
+            self.waiting = kept
+            self.metrics.waiting.labels(self.model).set(len(self.waiting))
+        return plan
+
+    def start(self, job: Job, rows: list[Row]) -> None:
+        """The engine encoded `job` into `rows`; it decodes from the next step on."""
+        p = job.params
+        state = Running(job, rows)
+        if p.beam_size > 1:
+            state.beam = BeamState(p.beam_size, self.eos_id, p.length_penalty)
+        else:
+            n = len(rows)
+            state.tokens, state.logprob = [[] for _ in range(n)], [0.0] * n
+            state.live, state.ended_by_eos = [True] * n, [False] * n
+            state.rngs = [make_rng(p.seed, i) if p.sampling else None for i in range(n)]
+        self.running.append(state)
+        self.metrics.input_tokens.labels(self.model).inc(len(job.src_ids))
+        self.metrics.running.labels(self.model).set(len(self.running))
+
+    def update(self, logits: np.ndarray, now: float) -> None:
+        """logits (B, V) for the rows in slot order, from one decode step."""
+        logp = log_softmax(logits)
+        for state in list(self.running):
+            if state.beam is not None:
+                self._beam_update(state, logp, now)
+            else:
+                self._row_update(state, logits, logp, now)
+            state.step += 1
+        self.metrics.running.labels(self.model).set(len(self.running))
+        self.metrics.kv_usage.labels(self.model).set(self.cache.usage())
+
+    # -- internals ------------------------------------------------------------------
+    def _row_update(self, state: Running, logits: np.ndarray, logp: np.ndarray, now: float) -> None:
+        job = state.job
+        idx = [i for i, live in enumerate(state.live) if live]
+        slots = [state.rows[i].slot for i in idx]
+        toks, lps = choose(logits[slots], logp[slots], [job.params] * len(idx), [state.rngs[i] for i in idx])
+        finished_rows, streamed = [], None
+        for i, tok, lp in zip(idx, toks.tolist(), lps.tolist()):
+            state.logprob[i] += lp
+            row = state.rows[i]
+            if tok == self.eos_id:
+                state.live[i], state.ended_by_eos[i] = False, True
+            else:
+                state.tokens[i].append(tok)
+                row.token = tok
+                streamed = tok if i == 0 else streamed
+                if len(state.tokens[i]) >= job.max_len:
+                    state.live[i] = False
+            if not state.live[i]:
+                finished_rows.append(row)
+        self._observe_token(job, now)
+        if streamed is not None:  # streams follow hypothesis 0
+            job.sink(TokenEvent([streamed]))
+        if finished_rows:
+            self.cache.release(finished_rows)
+        if not any(state.live):
+            hyps = [Hypothesis(t, lp) for t, lp in zip(state.tokens, state.logprob)]
+            order = sorted(range(len(hyps)), key=lambda i: -hyps[i].score) if len(hyps) > 1 else [0]
+            reason = FinishReason.EOS if state.ended_by_eos[0] else FinishReason.LENGTH
+            self._finish(state, [hyps[i] for i in order], reason, now, release=False)
+
+    def _beam_update(self, state: Running, logp: np.ndarray, now: float) -> None:
+        job = state.job
+        slots = [r.slot for r in state.rows]
+        last = state.step == job.max_len - 1
+        parents, tokens = state.beam.advance(logp[slots], state.step, last)
+        self._observe_token(job, now)
+        if state.beam.finished:
+            best = state.beam.best(job.params.num_hypotheses)
+            job.sink(TokenEvent(best[0].tokens))
+            reason = FinishReason.EOS if best[0].finished_by_eos else FinishReason.LENGTH
+            self._finish(state, [Hypothesis(h.tokens, h.score) for h in best], reason, now, release=True)
+            return
+        self.cache.reorder(state.rows, parents.tolist())
+        for row, tok in zip(state.rows, tokens.tolist()):
+            row.token = tok
+
+    def _observe_token(self, job: Job, now: float) -> None:
+        t = job.timing
+        if t.first_token is None:
+            t.first_token = now
+            self.metrics.ttft.labels(self.model).observe(now - t.arrival)
+        else:
+            self.metrics.inter_token.labels(self.model).observe(now - t.last_token)
+        t.last_token = now
+
+    def _finish(self, state: Running, hyps: list[Hypothesis], reason: FinishReason, now: float,
+                release: bool) -> None:
+        job = state.job
+        if release:
+            self.cache.release([r for r in state.rows if r.slot >= 0])
+        self.running.remove(state)
+        job.timing.finished = now
+        produced = sum(len(h.token_ids) for h in hyps[:1])
+        self.metrics.output_tokens.labels(self.model).inc(produced)
+        self.metrics.output_length.labels(self.model).observe(produced)
+        self.metrics.e2e.labels(self.model).observe(now - job.timing.arrival)
+        job.sink(FinishEvent(hyps, reason, len(job.src_ids), job.timing))
+
+    def _fail(self, job: Job | EmbedJob, error: Exception) -> None:
+        job.timing.finished = time.monotonic()
+        job.sink(error if isinstance(job, EmbedJob) else ErrorEvent(error))
+
+    def _drop_stale_running(self, now: float) -> None:
+        for state in list(self.running):
+            job = state.job
+            if job.cancelled or job.expired(now):
+                self.cache.release([r for r in state.rows if r.slot >= 0])
+                self.running.remove(state)
+                self._fail(job, Cancelled("cancelled by the client") if job.cancelled
+                           else DeadlineExceeded(f"deadline exceeded after {state.step} decode steps"))
+        self.metrics.running.labels(self.model).set(len(self.running))
+        self.metrics.kv_usage.labels(self.model).set(self.cache.usage())
+
+    def abort_all(self, error: Exception) -> None:
+        """Shutdown after the grace period: fail whatever is left."""
+        with self.lock:
+            waiting, self.waiting = list(self.waiting), collections.deque()
+        for job in waiting:
+            self._fail(job, error)
+        for state in list(self.running):
+            self.cache.release([r for r in state.rows if r.slot >= 0])
+            self.running.remove(state)
+            self._fail(state.job, error)
+        self.metrics.waiting.labels(self.model).set(0)
+        self.metrics.running.labels(self.model).set(0)
+        self.metrics.kv_usage.labels(self.model).set(self.cache.usage())

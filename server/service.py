@@ -1,0 +1,198 @@
+"""The gRPC servicer: protobuf in, plain dataclasses to the scheduler, protobuf out.
+
+Thin by design. Every RPC goes through `_guard`, the one place where service
+errors become gRPC status codes and where request counts and latencies are
+recorded. Results come back from the engine thread through `call_soon_threadsafe`.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import AsyncIterator, Awaitable, Callable, Optional
+
+import grpc
+import numpy as np
+
+from protos.nmt.v1 import translator_pb2 as pb
+from protos.nmt.v1 import translator_pb2_grpc as pb_grpc
+from server.detok import IncrementalDetokenizer
+from server.errors import InvalidArgument, NotFound, ServiceError, Unavailable
+from server.hosted import HostedModel
+from server.metrics import Metrics
+from server.request import DecodingParams, ErrorEvent, Event, FinishEvent, FinishReason, TokenEvent
+
+FINISH = {FinishReason.EOS: pb.FINISH_REASON_EOS, FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
+          FinishReason.CANCELLED: pb.FINISH_REASON_CANCELLED}
+
+
+def decoding_params(o: pb.DecodingOptions) -> DecodingParams:
+    return DecodingParams(
+        beam_size=max(o.beam_size, 1),
+        length_penalty=o.length_penalty if o.HasField("length_penalty") else 1.0,
+        temperature=o.temperature, top_k=o.top_k, top_p=o.top_p if o.top_p > 0 else 1.0,
+        seed=o.seed if o.HasField("seed") else None,
+        max_output_tokens=o.max_output_tokens, num_hypotheses=max(o.num_hypotheses, 1))
+
+
+def deadline_of(context) -> Optional[float]:
+    remaining = context.time_remaining()
+    return None if remaining is None else time.monotonic() + remaining
+
+
+def timings(t) -> pb.Timings:
+    s = t.seconds()
+    return pb.Timings(queue_seconds=s["queue"], first_token_seconds=s["first_token"], total_seconds=s["total"])
+
+
+class TranslatorService(pb_grpc.TranslatorServicer):
+    def __init__(self, models: dict[str, HostedModel], default: str, max_texts: int, metrics: Metrics):
+        self.models, self.default, self.max_texts, self.metrics = models, default, max_texts, metrics
+        self.accepting = True
+
+    # -- the one place for status codes and request metrics ------------------------
+    async def _guard(self, rpc: str, context, work: Callable[[], Awaitable]):
+        t0, code = time.perf_counter(), grpc.StatusCode.OK
+        try:
+            if not self.accepting:
+                raise Unavailable("the server is shutting down")
+            return await work()
+        except ServiceError as e:
+            code = e.code
+            await context.abort(e.code, str(e))
+        except asyncio.CancelledError:
+            code = grpc.StatusCode.CANCELLED
+            raise
+        finally:
+            self.metrics.requests.labels(rpc, code.name).inc()
+            self.metrics.request_latency.labels(rpc).observe(time.perf_counter() - t0)
+
+    def _model(self, name: str) -> HostedModel:
+        model = self.models.get(name or self.default)
+        if model is None:
+            raise NotFound(f"unknown model {name!r}; loaded: {sorted(self.models)}")
+        return model
+
+    def _texts(self, texts) -> list[str]:
+        if not texts:
+            raise InvalidArgument("texts is empty: send at least one text")
+        if len(texts) > self.max_texts:
+            raise InvalidArgument(f"{len(texts)} texts in one request; the limit is {self.max_texts}")
+        return list(texts)
+
+    # -- RPCs -------------------------------------------------------------------------
+    async def Translate(self, request: pb.TranslateRequest, context) -> pb.TranslateResponse:
+        return await self._guard("Translate", context, lambda: self._translate(request, context))
+
+    async def _translate(self, request: pb.TranslateRequest, context) -> pb.TranslateResponse:
+        model = self._model(request.model)
+        texts = self._texts(request.texts)
+        loop = asyncio.get_running_loop()
+        futures = [loop.create_future() for _ in texts]
+
+        def sink_for(fut: asyncio.Future) -> Callable[[Event], None]:
+            def deliver(event: Event) -> None:
+                if fut.done() or isinstance(event, TokenEvent):
+                    return
+                if isinstance(event, ErrorEvent):
+                    fut.set_exception(event.error)
+                else:
+                    fut.set_result(event)
+            return lambda event: loop.call_soon_threadsafe(deliver, event)
+
+        jobs = model.jobs(texts, decoding_params(request.options), [sink_for(f) for f in futures],
+                          deadline_of(context))
+        model.scheduler.submit(jobs)
+        try:
+            results: list[FinishEvent] = await asyncio.gather(*futures)
+        except BaseException:
+            for job in jobs:  # one failed or the client went away: free every slot
+                job.cancel()
+            raise
+        out = pb.TranslateResponse(model=model.name)
+        for res in results:
+            t = out.translations.add(finish_reason=FINISH[res.reason], input_tokens=res.input_tokens,
+                                     output_tokens=len(res.hypotheses[0].token_ids), timings=timings(res.timing))
+            for h in res.hypotheses:
+                hyp = t.hypotheses.add(text=model.tok.decode(h.token_ids))
+                if request.return_scores:
+                    hyp.score = h.score
+                if request.return_tokens:
+                    hyp.token_ids.extend(h.token_ids)
+                    hyp.tokens.extend(model.tok.piece(i) for i in h.token_ids)
+        return out
+
+    async def TranslateStream(self, request: pb.TranslateStreamRequest, context) -> None:
+        # Written with context.write rather than yield, so errors pass through _guard like the unary RPCs.
+        async def produce():
+            async for message in self._stream(request, context):
+                await context.write(message)
+        await self._guard("TranslateStream", context, produce)
+
+    async def _stream(self, request: pb.TranslateStreamRequest, context) -> AsyncIterator:
+        model = self._model(request.model)
+        params = decoding_params(request.options)
+        if params.num_hypotheses != 1:
+            raise InvalidArgument("streaming returns one hypothesis: num_hypotheses must be 0 or 1")
+        events: asyncio.Queue = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        (job,) = model.jobs(self._texts([request.text] if request.text else []), params,
+                            lambda e: loop.call_soon_threadsafe(events.put_nowait, e), deadline_of(context))
+        model.scheduler.submit([job])
+        detok = IncrementalDetokenizer(model.tok)
+        finished = False
+        try:
+            while True:
+                event = await events.get()
+                if isinstance(event, TokenEvent):
+                    delta = detok.push(event.token_ids)
+                    if delta:
+                        yield pb.TranslateStreamResponse(delta=delta, token_ids=event.token_ids, model=model.name)
+                elif isinstance(event, ErrorEvent):
+                    raise event.error
+                else:
+                    finished = True
+                    yield pb.TranslateStreamResponse(
+                        delta=detok.finish(), final=True, finish_reason=FINISH[event.reason],
+                        input_tokens=event.input_tokens, output_tokens=len(event.hypotheses[0].token_ids),
+                        timings=timings(event.timing), model=model.name)
+                    return
+        finally:
+            if not finished:
+                job.cancel()
+
+    async def Embed(self, request: pb.EmbedRequest, context) -> pb.EmbedResponse:
+        return await self._guard("Embed", context, lambda: self._embed(request, context))
+
+    async def _embed(self, request: pb.EmbedRequest, context) -> pb.EmbedResponse:
+        model = self._model(request.model)
+        texts = self._texts(request.texts)
+        loop = asyncio.get_running_loop()
+        futures = [loop.create_future() for _ in texts]
+
+        def sink_for(fut):
+            def deliver(value):
+                if not fut.done():
+                    fut.set_exception(value) if isinstance(value, Exception) else fut.set_result(value)
+            return lambda value: loop.call_soon_threadsafe(deliver, value)
+        jobs = model.embed_jobs(texts, [sink_for(f) for f in futures], deadline_of(context))
+        model.scheduler.submit(jobs)
+        try:
+            vectors = await asyncio.gather(*futures)
+        except BaseException:
+            for job in jobs:
+                job.cancel()
+            raise
+        out = pb.EmbedResponse(model=model.name, dimension=model.bundle.spec.d_model)
+        for job, vec in zip(jobs, vectors):
+            if request.normalize:
+                vec = vec / max(float(np.linalg.norm(vec)), 1e-12)
+            out.embeddings.add(values=vec.astype(np.float32).tolist(), tokens=len(job.src_ids))
+        return out
+
+    async def ListModels(self, request: pb.ListModelsRequest, context) -> pb.ListModelsResponse:
+        async def work():
+            out = pb.ListModelsResponse(default_model=self.default)
+            for name in sorted(self.models):
+                out.models.add(is_default=name == self.default, **self.models[name].info())
+            return out
+        return await self._guard("ListModels", context, work)

@@ -141,12 +141,15 @@ class Scheduler:
     def update(self, logits: np.ndarray, now: float) -> None:
         """logits (B, V) for the rows in slot order, from one decode step."""
         logp = log_softmax(logits)
+        # Slots must not move while logits rows are read by slot: releases wait until the end.
+        self._to_release: list[Row] = []
         for state in list(self.running):
             if state.beam is not None:
                 self._beam_update(state, logp, now)
             else:
                 self._row_update(state, logits, logp, now)
             state.step += 1
+        self.cache.release(self._to_release)
         self.metrics.running.labels(self.model).set(len(self.running))
         self.metrics.kv_usage.labels(self.model).set(self.cache.usage())
 
@@ -173,13 +176,12 @@ class Scheduler:
         self._observe_token(job, now)
         if streamed is not None:  # streams follow hypothesis 0
             job.sink(TokenEvent([streamed]))
-        if finished_rows:
-            self.cache.release(finished_rows)
+        self._to_release.extend(finished_rows)
         if not any(state.live):
             hyps = [Hypothesis(t, lp) for t, lp in zip(state.tokens, state.logprob)]
             order = sorted(range(len(hyps)), key=lambda i: -hyps[i].score) if len(hyps) > 1 else [0]
             reason = FinishReason.EOS if state.ended_by_eos[0] else FinishReason.LENGTH
-            self._finish(state, [hyps[i] for i in order], reason, now, release=False)
+            self._finish(state, [hyps[i] for i in order], reason, now)
 
     def _beam_update(self, state: Running, logp: np.ndarray, now: float) -> None:
         job = state.job
@@ -191,7 +193,8 @@ class Scheduler:
             best = state.beam.best(job.params.num_hypotheses)
             job.sink(TokenEvent(best[0].tokens))
             reason = FinishReason.EOS if best[0].finished_by_eos else FinishReason.LENGTH
-            self._finish(state, [Hypothesis(h.tokens, h.score) for h in best], reason, now, release=True)
+            self._to_release.extend(state.rows)
+            self._finish(state, [Hypothesis(h.tokens, h.score) for h in best], reason, now)
             return
         self.cache.reorder(state.rows, parents.tolist())
         for row, tok in zip(state.rows, tokens.tolist()):
@@ -206,11 +209,8 @@ class Scheduler:
             self.metrics.inter_token.labels(self.model).observe(now - t.last_token)
         t.last_token = now
 
-    def _finish(self, state: Running, hyps: list[Hypothesis], reason: FinishReason, now: float,
-                release: bool) -> None:
+    def _finish(self, state: Running, hyps: list[Hypothesis], reason: FinishReason, now: float) -> None:
         job = state.job
-        if release:
-            self.cache.release([r for r in state.rows if r.slot >= 0])
         self.running.remove(state)
         job.timing.finished = now
         produced = sum(len(h.token_ids) for h in hyps[:1])

@@ -1,0 +1,155 @@
+"""A thin client for the nmt.v1 Translator service: sync and asyncio, with deadlines and retries.
+
+    from client import TranslatorClient
+    with TranslatorClient("localhost:50051") as c:
+        print(c.translate(["A man is riding a bike."]).translations[0].hypotheses[0].text)
+        for msg in c.translate_stream("Two dogs play in the snow."):
+            print(msg.delta, end="", flush=True)
+
+Unary calls are retried on UNAVAILABLE (server starting, restarting or
+draining) with exponential back-off, within the call's deadline; streams are
+not retried once a message has arrived.
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from typing import AsyncIterator, Iterator, Optional, Sequence
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from protos.nmt.v1 import translator_pb2 as pb
+from protos.nmt.v1 import translator_pb2_grpc as pb_grpc
+
+RETRYABLE = (grpc.StatusCode.UNAVAILABLE,)
+
+
+def options(beam_size: int = 0, length_penalty: Optional[float] = None, temperature: float = 0.0, top_k: int = 0,
+            top_p: float = 0.0, seed: Optional[int] = None, max_output_tokens: int = 0,
+            num_hypotheses: int = 0) -> pb.DecodingOptions:
+    o = pb.DecodingOptions(beam_size=beam_size, temperature=temperature, top_k=top_k, top_p=top_p,
+                           max_output_tokens=max_output_tokens, num_hypotheses=num_hypotheses)
+    if length_penalty is not None:
+        o.length_penalty = length_penalty
+    if seed is not None:
+        o.seed = seed
+    return o
+
+
+def _backoff(attempt: int, base: float) -> float:
+    return base * (2 ** attempt) * (0.5 + random.random() / 2)
+
+
+class TranslatorClient:
+    def __init__(self, target: str = "localhost:50051", timeout: Optional[float] = 30.0, retries: int = 3,
+                 backoff: float = 0.1, channel: Optional[grpc.Channel] = None):
+        self.channel = channel or grpc.insecure_channel(target)
+        self.stub = pb_grpc.TranslatorStub(self.channel)
+        self.health_stub = health_pb2_grpc.HealthStub(self.channel)
+        self.timeout, self.retries, self.backoff = timeout, retries, backoff
+
+    def __enter__(self) -> "TranslatorClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def _call(self, method, request, timeout: Optional[float]):
+        timeout = self.timeout if timeout is None else timeout
+        end = None if timeout is None else time.monotonic() + timeout
+        for attempt in range(self.retries + 1):
+            remaining = None if end is None else max(end - time.monotonic(), 0.0)
+            try:
+                return method(request, timeout=remaining)
+            except grpc.RpcError as e:
+                pause = _backoff(attempt, self.backoff)
+                if e.code() not in RETRYABLE or attempt == self.retries or \
+                        (end is not None and time.monotonic() + pause >= end):
+                    raise
+                time.sleep(pause)
+
+    def translate(self, texts: Sequence[str], model: str = "", timeout: Optional[float] = None,
+                  return_scores: bool = False, return_tokens: bool = False, **decoding) -> pb.TranslateResponse:
+        req = pb.TranslateRequest(model=model, texts=list(texts), options=options(**decoding),
+                                  return_scores=return_scores, return_tokens=return_tokens)
+        return self._call(self.stub.Translate, req, timeout)
+
+    def translate_stream(self, text: str, model: str = "", timeout: Optional[float] = None,
+                         **decoding) -> Iterator[pb.TranslateStreamResponse]:
+        req = pb.TranslateStreamRequest(model=model, text=text, options=options(**decoding))
+        return self.stub.TranslateStream(req, timeout=self.timeout if timeout is None else timeout)
+
+    def embed(self, texts: Sequence[str], model: str = "", normalize: bool = False,
+              timeout: Optional[float] = None) -> pb.EmbedResponse:
+        return self._call(self.stub.Embed, pb.EmbedRequest(model=model, texts=list(texts), normalize=normalize),
+                          timeout)
+
+    def list_models(self, timeout: Optional[float] = None) -> pb.ListModelsResponse:
+        return self._call(self.stub.ListModels, pb.ListModelsRequest(), timeout)
+
+    def health(self, service: str = "", timeout: Optional[float] = 5.0) -> str:
+        """SERVING / NOT_SERVING / SERVICE_UNKNOWN."""
+        resp = self.health_stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+
+
+class AsyncTranslatorClient:
+    """The same calls on grpc.aio, for asyncio services and load generators."""
+
+    def __init__(self, target: str = "localhost:50051", timeout: Optional[float] = 30.0, retries: int = 3,
+                 backoff: float = 0.1):
+        self.channel = grpc.aio.insecure_channel(target)
+        self.stub = pb_grpc.TranslatorStub(self.channel)
+        self.health_stub = health_pb2_grpc.HealthStub(self.channel)
+        self.timeout, self.retries, self.backoff = timeout, retries, backoff
+
+    async def __aenter__(self) -> "AsyncTranslatorClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def _call(self, method, request, timeout: Optional[float]):
+        timeout = self.timeout if timeout is None else timeout
+        end = None if timeout is None else time.monotonic() + timeout
+        for attempt in range(self.retries + 1):
+            remaining = None if end is None else max(end - time.monotonic(), 0.0)
+            try:
+                return await method(request, timeout=remaining)
+            except grpc.aio.AioRpcError as e:
+                pause = _backoff(attempt, self.backoff)
+                if e.code() not in RETRYABLE or attempt == self.retries or \
+                        (end is not None and time.monotonic() + pause >= end):
+                    raise
+                await asyncio.sleep(pause)
+
+    async def translate(self, texts: Sequence[str], model: str = "", timeout: Optional[float] = None,
+                        return_scores: bool = False, return_tokens: bool = False, **decoding) -> pb.TranslateResponse:
+        req = pb.TranslateRequest(model=model, texts=list(texts), options=options(**decoding),
+                                  return_scores=return_scores, return_tokens=return_tokens)
+        return await self._call(self.stub.Translate, req, timeout)
+
+    def translate_stream(self, text: str, model: str = "", timeout: Optional[float] = None,
+                         **decoding) -> AsyncIterator[pb.TranslateStreamResponse]:
+        req = pb.TranslateStreamRequest(model=model, text=text, options=options(**decoding))
+        return self.stub.TranslateStream(req, timeout=self.timeout if timeout is None else timeout)
+
+    async def embed(self, texts: Sequence[str], model: str = "", normalize: bool = False,
+                    timeout: Optional[float] = None) -> pb.EmbedResponse:
+        return await self._call(self.stub.Embed, pb.EmbedRequest(model=model, texts=list(texts),
+                                                                 normalize=normalize), timeout)
+
+    async def list_models(self, timeout: Optional[float] = None) -> pb.ListModelsResponse:
+        return await self._call(self.stub.ListModels, pb.ListModelsRequest(), timeout)
+
+    async def health(self, service: str = "", timeout: Optional[float] = 5.0) -> str:
+        resp = await self.health_stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)

@@ -1,0 +1,106 @@
+"""Helpers for tests that run a real server: in a background thread, or as a subprocess."""
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from server.app import TranslationServer
+from server.config import ServerConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+REPOSITORY = ROOT / "model_repository"
+SHARED = ROOT.parent / "shared" / "data" / "multi30k"
+
+
+class ServerThread:
+    """A TranslationServer on its own event loop in a daemon thread, on free loopback ports."""
+
+    def __init__(self, **overrides):
+        defaults = dict(host="127.0.0.1", port=0, metrics_port=0, model_repository=str(REPOSITORY),
+                        intra_op_threads=int(os.environ.get("NMT_TEST_THREADS", "0")))
+        self.cfg = ServerConfig(**{**defaults, **overrides})
+        self.app = TranslationServer(self.cfg)
+        self._ready = threading.Event()
+        self._error: list[BaseException] = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        async def main():
+            self.loop = asyncio.get_running_loop()
+            try:
+                await self.app.start()
+            except BaseException as e:  # noqa: BLE001 (surface start-up failures in the test)
+                self._error.append(e)
+                self._ready.set()
+                return
+            self._ready.set()
+            self._done = asyncio.Event()
+            await self.app.wait()
+            await self._done.wait()  # the stop coroutine outlives the gRPC server; let it finish
+        asyncio.run(main())
+
+    def start(self) -> "ServerThread":
+        self._thread.start()
+        self._ready.wait(120)
+        if self._error:
+            raise self._error[0]
+        return self
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.app.port}"
+
+    def stop(self, grace: float = 5.0) -> None:
+        async def shutdown():
+            try:
+                await self.app.stop(grace)
+            finally:
+                self._done.set()
+        if self._thread.is_alive():
+            asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(60)
+            self._thread.join(30)
+
+    def metrics_text(self) -> str:
+        return urllib.request.urlopen(f"http://127.0.0.1:{self.app.metrics_port}/metrics", timeout=5).read().decode()
+
+    def metric(self, name: str, missing_ok: bool = False, **labels) -> float:
+        """Sum of the samples of `name` whose labels include `labels` (0 if missing_ok and none yet)."""
+        total, found = 0.0, False
+        for line in self.metrics_text().splitlines():
+            m = re.match(r"^([a-zA-Z_:]+)(\{[^}]*\})? (\S+)$", line)
+            if not m or m.group(1) != name:
+                continue
+            got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
+            if all(got.get(k) == v for k, v in labels.items()):
+                total += float(m.group(3))
+                found = True
+        if not found and not missing_ok:
+            raise KeyError(f"{name}{labels} not exported")
+        return total
+
+    def wait_idle(self, timeout: float = 10.0) -> None:
+        """Until the running and waiting gauges are 0 (the engine frees slots between steps)."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.metric("nmt_running_requests") == 0 and self.metric("nmt_waiting_requests") == 0:
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"server not idle: running={self.metric('nmt_running_requests')}, "
+                             f"waiting={self.metric('nmt_waiting_requests')}")
+
+
+def flickr_sentences(n: int) -> list[str]:
+    return (SHARED / "test_2016_flickr.en").read_text(encoding="utf-8").splitlines()[:n]
+
+
+def start_subprocess(port: int, metrics_port: int, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port),
+                             "--metrics-port", str(metrics_port), *extra], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

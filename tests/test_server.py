@@ -1,0 +1,229 @@
+"""The gRPC service end to end: a real server on a loopback port, the shipped bundle, the real client."""
+import concurrent.futures as cf
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from client import TranslatorClient
+from protos.nmt.v1 import translator_pb2 as pb
+from serving import ServerThread, flickr_sentences
+from server.bundle import discover
+from server.runtime import OnnxModel, RuntimeOptions
+from server.static_decode import pad_batch
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = ServerThread().start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with TranslatorClient(server.target, timeout=120) as c:
+        yield c
+
+
+def code_of(call) -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as err:
+        call()
+    return err.value.code(), err.value.details()
+
+
+def test_list_models_and_translate(client):
+    models = client.list_models()
+    assert models.default_model == "multi30k-en-de-small"
+    info = models.models[0]
+    assert (info.source_language, info.target_language, info.is_default) == ("en", "de", True)
+    assert info.max_source_tokens > 0 and info.embedding_dimension == 256
+    resp = client.translate(["A man is riding a bike.", "Two dogs are playing in the snow."], return_scores=True,
+                            return_tokens=True)
+    assert resp.model == "multi30k-en-de-small" and len(resp.translations) == 2
+    for tr in resp.translations:
+        hyp = tr.hypotheses[0]
+        assert hyp.text and hyp.score < 0 and len(hyp.token_ids) == tr.output_tokens == len(hyp.tokens)
+        assert tr.finish_reason == pb.FINISH_REASON_EOS
+        t = tr.timings
+        assert 0 <= t.queue_seconds <= t.first_token_seconds <= t.total_seconds
+
+
+def near_tie_at_divergence(onnx_model, src_ids, a, b) -> float:
+    """Top-2 logit gap where two greedy outputs first differ (teacher-forced on the common prefix)."""
+    i = next(k for k in range(min(len(a), len(b)) + 1) if k == min(len(a), len(b)) or a[k] != b[k])
+    ids, mask = pad_batch([src_ids], 0)
+    _, ck, cv = onnx_model.encode(ids, mask)
+    prefix = [onnx_model.spec.bos_id] + a[:i]
+    s = onnx_model.spec
+    past = np.zeros((s.n_dec_layers, 1, s.n_heads, 0, s.head_dim), np.float32)
+    logits, _, _ = onnx_model.decode_step(np.array([prefix]), np.arange(len(prefix))[None], past, past,
+                                          np.zeros((1, 0), bool), ck, cv, mask)
+    top2 = np.sort(logits[0, -1])[-2:]
+    return float(top2[1] - top2[0])
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_batched_equals_one_at_a_time(server, client, beam):
+    texts = flickr_sentences(200)
+    assert len({len(t.split()) for t in texts}) > 10  # many different lengths
+    single = [client.translate([t], beam_size=beam, return_tokens=True, return_scores=True).translations[0]
+              for t in texts]
+    with cf.ThreadPoolExecutor(8) as pool:  # 8 concurrent requests of 25 texts share the decode steps
+        chunks = list(pool.map(lambda i: client.translate(texts[i:i + 25], beam_size=beam, return_tokens=True,
+                                                          return_scores=True), range(0, 200, 25)))
+    batched = [tr for resp in chunks for tr in resp.translations]
+    assert server.metric("nmt_decode_batch_size_count") > 0
+    onnx_model = OnnxModel(discover(server.cfg.model_repository)[0], RuntimeOptions(provider="cpu"))
+    tok = server.app.models["multi30k-en-de-small"].tok
+    differing = 0
+    for text, a, b in zip(texts, single, batched):
+        ta, tb = list(a.hypotheses[0].token_ids), list(b.hypotheses[0].token_ids)
+        if ta == tb:
+            continue
+        differing += 1
+        if beam == 1:
+            assert near_tie_at_divergence(onnx_model, tok.encode(text), ta, tb) < 1e-4, text
+        else:  # beam: the two best hypotheses must score the same to within float noise
+            assert abs(a.hypotheses[0].score - b.hypotheses[0].score) < 1e-4, text
+    assert differing <= 2
+
+
+def test_stream_concatenates_to_unary(client):
+    for text in flickr_sentences(12)[4:]:
+        unary = client.translate([text], return_tokens=True).translations[0]
+        msgs = list(client.translate_stream(text))
+        assert msgs[-1].final and not any(m.final for m in msgs[:-1])
+        assert "".join(m.delta for m in msgs) == unary.hypotheses[0].text
+        assert [t for m in msgs for t in m.token_ids] == list(unary.hypotheses[0].token_ids)
+        assert msgs[-1].output_tokens == unary.output_tokens
+        assert len(msgs) > 3  # really incremental
+        t = msgs[-1].timings
+        assert t.first_token_seconds <= t.total_seconds
+
+
+def test_beam_stream_equals_beam_unary(client):
+    text = "A little girl climbs into a wooden playhouse."
+    unary = client.translate([text], beam_size=4).translations[0].hypotheses[0].text
+    assert "".join(m.delta for m in client.translate_stream(text, beam_size=4)) == unary
+
+
+def test_seeded_sampling_repeats(client):
+    texts = flickr_sentences(6)
+    a = client.translate(texts, temperature=1.0, top_k=50, top_p=0.95, seed=7)
+    b = client.translate(texts, temperature=1.0, top_k=50, top_p=0.95, seed=7)
+    c = client.translate(texts, temperature=1.0, top_k=50, top_p=0.95, seed=8)
+    text = lambda r: [t.hypotheses[0].text for t in r.translations]  # noqa: E731
+    assert text(a) == text(b)
+    assert text(a) != text(c)
+    greedy = client.translate(texts)
+    assert text(greedy) != text(a)  # sampling really samples
+    n = client.translate(texts[:1], temperature=1.0, seed=3, num_hypotheses=3).translations[0]
+    assert len(n.hypotheses) == 3
+
+
+def test_num_hypotheses_from_beam(client):
+    tr = client.translate(["A dog runs on the beach."], beam_size=5, num_hypotheses=3, return_scores=True)
+    hyps = tr.translations[0].hypotheses
+    assert len(hyps) == 3 and hyps[0].score >= hyps[1].score >= hyps[2].score
+    assert len({h.text for h in hyps}) == 3
+
+
+def test_embed(client):
+    texts = ["A dog runs on the beach.", "A man is riding a bike."]
+    both = client.embed(texts)
+    assert both.dimension == 256 and len(both.embeddings[0].values) == 256
+    alone = client.embed(texts[1:])
+    assert np.allclose(both.embeddings[1].values, alone.embeddings[0].values, atol=1e-5)  # padding-masked
+    unit = client.embed(texts, normalize=True)
+    assert abs(np.linalg.norm(unit.embeddings[0].values) - 1.0) < 1e-5
+
+
+def test_bad_input_gets_clear_errors_and_server_keeps_serving(server, client):
+    INVALID = grpc.StatusCode.INVALID_ARGUMENT
+    cases = [
+        (lambda: client.translate([]), INVALID, "texts is empty"),
+        (lambda: client.translate(["ok", "  "]), INVALID, "texts[1] is empty"),
+        (lambda: client.translate(["word " * 400]), INVALID, "the limit is 256"),
+        (lambda: client.translate(["a"] * 65), INVALID, "the limit is 64"),
+        (lambda: client.translate(["a"], beam_size=9), INVALID, "beam_size 9 exceeds the limit 8"),
+        (lambda: client.translate(["a"], temperature=0.5, beam_size=2), INVALID, "cannot be combined"),
+        (lambda: client.translate(["a"], top_p=1.5, temperature=1.0), INVALID, "top_p 1.5"),
+        (lambda: client.translate(["a"], max_output_tokens=10_000), INVALID, "max_output_tokens"),
+        (lambda: client.translate(["a"], num_hypotheses=3), INVALID, "num_hypotheses 3"),
+        (lambda: list(client.translate_stream("")), INVALID, "texts is empty"),
+        (lambda: list(client.translate_stream("a", beam_size=3, num_hypotheses=2)), INVALID, "streaming"),
+        (lambda: client.embed([]), INVALID, "texts is empty"),
+        (lambda: client.translate(["a"], model="no-such-model"), grpc.StatusCode.NOT_FOUND, "no-such-model"),
+    ]
+    before = server.metric("nmt_requests_total", missing_ok=True, rpc="Translate", code="INVALID_ARGUMENT")
+    for call, code, words in cases:
+        got, details = code_of(call)
+        assert got == code and words in details, (got, details)
+    assert server.metric("nmt_requests_total", rpc="Translate", code="INVALID_ARGUMENT") == before + 9
+    server.wait_idle()
+    assert client.translate(["A man is riding a bike."]).translations[0].hypotheses[0].text
+
+
+def test_deadline_frees_the_slot(server, client):
+    long_text = " ".join(flickr_sentences(40)[20:28])  # ~100 source tokens
+    got, details = code_of(lambda: client.translate([long_text], max_output_tokens=250, timeout=0.05))
+    assert got == grpc.StatusCode.DEADLINE_EXCEEDED
+    server.wait_idle(5)
+    assert client.translate(["A dog."]).translations[0].hypotheses[0].text
+
+
+def test_cancelled_stream_frees_the_slot_within_a_step(server, client):
+    stream = client.translate_stream(" ".join(flickr_sentences(30)[20:28]), max_output_tokens=250)
+    next(stream)
+    next(stream)
+    assert server.metric("nmt_running_requests") >= 1
+    stream.cancel()
+    server.wait_idle(2)
+
+
+def test_metrics_move(server, client):
+    before = {name: server.metric(name) for name in (
+        "nmt_time_to_first_token_seconds_count", "nmt_inter_token_seconds_count", "nmt_output_tokens_total",
+        "nmt_input_tokens_total", "nmt_decode_step_duration_seconds_count", "nmt_encode_duration_seconds_count",
+        "nmt_queue_duration_seconds_count", "nmt_encode_padding_ratio_count", "nmt_sequence_duration_seconds_count")}
+    ok = server.metric("nmt_requests_total", rpc="Translate", code="OK")
+    client.translate(["A man is riding a bike.", "Two dogs are playing in the snow."])
+    for name, value in before.items():
+        assert server.metric(name) > value, name
+    assert server.metric("nmt_requests_total", rpc="Translate", code="OK") == ok + 1
+    text = server.metrics_text()
+    assert 'nmt_request_duration_seconds_bucket{le="0.005",rpc="Translate"}' in text
+    assert "nmt_kv_cache_usage_ratio" in text
+    server.wait_idle()
+    assert server.metric("nmt_kv_cache_usage_ratio") == 0
+
+
+def test_overload_is_refused_at_once(client):
+    """A tiny queue: excess requests get RESOURCE_EXHAUSTED immediately, the rest complete."""
+    tight = ServerThread(max_batch_size=2, max_queue_size=2, warmup=False).start()
+    try:
+        results = []
+        with TranslatorClient(tight.target, timeout=60, retries=0) as c:
+            def call(i):
+                t0 = time.monotonic()
+                try:
+                    c.translate([f"A man number {i} is riding a bike down the long road."], max_output_tokens=40)
+                    results.append(("ok", time.monotonic() - t0))
+                except grpc.RpcError as e:
+                    results.append((e.code(), time.monotonic() - t0))
+            threads = [threading.Thread(target=call, args=(i,)) for i in range(12)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            refused = [dt for code, dt in results if code == grpc.StatusCode.RESOURCE_EXHAUSTED]
+            assert refused and all(dt < 1.0 for dt in refused)
+            assert any(code == "ok" for code, _ in results)
+            assert all(code in ("ok", grpc.StatusCode.RESOURCE_EXHAUSTED) for code, _ in results)
+            tight.wait_idle()
+            assert c.translate(["A dog."]).translations[0].hypotheses[0].text
+    finally:
+        tight.stop()

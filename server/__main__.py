@@ -8,6 +8,7 @@ import sys
 from typing import Sequence
 
 from server.app import TranslationServer
+from server.bundle import BundleError
 from server.config import ServerConfig
 
 
@@ -28,7 +29,11 @@ async def serve(cfg: ServerConfig) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = ServerConfig.from_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(serve(cfg))
+    try:
+        asyncio.run(serve(cfg))
+    except BundleError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -1,0 +1,107 @@
+"""`python -m server` as a user runs it: flags, health, SIGTERM drain; and the client CLI against it."""
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import grpc
+import pytest
+
+from client import TranslatorClient
+from serving import ROOT, start_subprocess
+from server.config import ServerConfig
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_serving(client: TranslatorClient, proc: subprocess.Popen, timeout: float = 90) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        assert proc.poll() is None, proc.stdout.read()
+        try:
+            if client.health() == "SERVING":
+                return
+        except grpc.RpcError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError("server never became SERVING")
+
+
+@pytest.fixture
+def served():
+    port, mport = free_port(), free_port()
+    proc = start_subprocess(port, mport, "--grace-period-s", "20")
+    client = TranslatorClient(f"127.0.0.1:{port}", timeout=60, retries=0)
+    try:
+        wait_serving(client, proc)
+        yield proc, client, port
+    finally:
+        client.close()
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+
+
+def test_sigterm_drains_in_flight_work_and_refuses_new(served):
+    proc, client, _ = served
+    assert client.health() == "SERVING" and client.health("nmt.v1.Translator") == "SERVING"
+    long_text = "A man in a blue shirt and a woman in a red dress are walking down a busy street in the city."
+    stream = client.translate_stream(long_text, max_output_tokens=200, beam_size=1)
+    first = next(stream)  # in flight
+    proc.send_signal(signal.SIGTERM)
+    statuses, refused = [], None
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            statuses.append(client.health())
+        except grpc.RpcError:
+            break
+        try:
+            client.translate(["A dog."], timeout=5)
+        except grpc.RpcError as e:
+            refused = e.code()
+        if "NOT_SERVING" in statuses and refused:
+            break
+        time.sleep(0.02)
+    assert "NOT_SERVING" in statuses
+    assert refused == grpc.StatusCode.UNAVAILABLE
+    rest = list(stream)  # the in-flight stream finishes normally
+    assert rest[-1].final and (first.delta + "".join(m.delta for m in rest)).strip()
+    assert proc.wait(30) == 0
+
+
+def test_client_cli(served):
+    _, _, port = served
+    run = lambda *a: subprocess.run([sys.executable, "-m", "client", "--target", f"127.0.0.1:{port}", *a],  # noqa: E731
+                                    cwd=ROOT, capture_output=True, text=True, timeout=60)
+    out = run("translate", "A man is riding a bike.")
+    assert out.returncode == 0 and out.stdout.strip()
+    streamed = run("translate", "--stream", "A man is riding a bike.")
+    assert streamed.returncode == 0 and streamed.stdout == out.stdout
+    assert run("health").stdout.strip() == "SERVING"
+    assert '"defaultModel": "multi30k-en-de-small"' in run("models").stdout
+    bad = run("translate", "--beam", "99", "x")
+    assert bad.returncode == 1 and "INVALID_ARGUMENT" in bad.stderr
+
+
+def test_every_setting_has_a_flag_and_an_env_fallback(monkeypatch):
+    monkeypatch.setenv("NMT_PORT", "6000")
+    monkeypatch.setenv("NMT_WARMUP", "false")
+    cfg = ServerConfig.from_args(["--max-batch-size", "8"])
+    assert (cfg.port, cfg.warmup, cfg.max_batch_size) == (6000, False, 8)
+    assert ServerConfig.from_args(["--port", "7000"]).port == 7000  # a flag beats the environment
+    help_text = ServerConfig.parser().format_help()
+    for name in ServerConfig.__dataclass_fields__:
+        assert "--" + name.replace("_", "-") in help_text and "NMT_" + name.upper() in help_text
+
+
+def test_bad_model_repository_fails_fast(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "server", "--model-repository", str(tmp_path), "--port", "0"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "no bundles under" in proc.stderr

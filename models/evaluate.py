@@ -80,10 +80,6 @@ def bleu(hyps: Sequence[str], refs: Sequence[str]) -> sacrebleu.metrics.bleu.BLE
     return sacrebleu.corpus_bleu(list(hyps), [list(refs)])
 
 
-def bleu_signature() -> str:
-    return str(sacrebleu.BLEU().get_signature())
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True)

@@ -178,6 +178,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"resumed from epoch {state['epoch']} (step {step}, best BLEU {best_bleu:.2f})", file=sys.stderr)
     elif log_path.exists():
         log_path.unlink()
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("a") as f:  # every start (fresh or resumed) is on record
+        f.write(json.dumps({"kind": "start", "step": step, "epoch": start_epoch, "args": vars(args),
+                            "torch_threads": torch.get_num_threads()}) + "\n")
     print(f"{cfg.n_enc_layers}+{cfg.n_dec_layers} layers, d_model {cfg.d_model}: "
           f"{model.num_parameters():,} parameters; {len(train_data):,} train pairs", file=sys.stderr)
 

@@ -1,12 +1,12 @@
 # Everything a fresh machine needs, in two commands:
+#   make serve                     # install into .venv, serve the shipped model (gRPC :50051, metrics :9090)
 #   make test                      # install into .venv, run the test suite
-#   make translate TEXT="..."      # install, translate with the shipped default model
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 EXTRAS ?= train,export,serve,dev
 TEXT   ?= A man is riding a bike.
 
-.PHONY: install test translate clean protos
+.PHONY: install serve test translate clean protos
 
 install: $(VENV)/.installed
 
@@ -18,6 +18,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
 	touch $@
+
+serve: install
+	$(PY) -m server
 
 test: install
 	$(PY) -m pytest -q

@@ -24,16 +24,16 @@ def _host(x) -> np.ndarray:
 
 class Engine:
     def __init__(self, name: str, runtime: OnnxModel, cache: SlotCache, metrics: Metrics):
-        self.name, self.runtime, self.cache, self.metrics = name, runtime, cache, metrics
+        self.name, self.runtime, self.cache, self.m = name, runtime, cache, metrics.for_model(name)
         self.spec = runtime.spec
 
     def _encode(self, seqs: list[list[int]]):
         ids, mask = pad_batch(seqs, self.spec.pad_id)
         t0 = time.perf_counter()
         memory, cross_k, cross_v = self.runtime.encode(ids, mask)
-        self.metrics.encode_time.labels(self.name).observe(time.perf_counter() - t0)
-        self.metrics.encode_batch.labels(self.name).observe(len(seqs))
-        self.metrics.padding.labels(self.name).observe(1.0 - mask.sum() / mask.size)
+        self.m.encode_time.observe(time.perf_counter() - t0)
+        self.m.encode_batch.observe(len(seqs))
+        self.m.padding.observe(1.0 - mask.sum() / mask.size)
         return memory, _host(cross_k), _host(cross_v), mask
 
     def encode(self, jobs: list[Job]) -> list[list[Row]]:
@@ -53,7 +53,7 @@ class Engine:
         inputs = self.cache.step_inputs()
         t0 = time.perf_counter()
         logits, new_k, new_v = self.runtime.decode_step(**inputs)
-        self.metrics.step_time.labels(self.name).observe(time.perf_counter() - t0)
-        self.metrics.decode_batch.labels(self.name).observe(len(inputs["tokens"]))
+        self.m.step_time.observe(time.perf_counter() - t0)
+        self.m.decode_batch.observe(len(inputs["tokens"]))
         self.cache.append(new_k, new_v)
         return logits[:, -1]

@@ -49,6 +49,22 @@ class Metrics:
         self.step_time = Histogram("nmt_decode_step_duration_seconds", "Decoder step duration (all rows).",
                                    ["model"], buckets=STEP_BUCKETS, registry=r)
 
+    def for_model(self, model: str) -> "ModelMetrics":
+        return ModelMetrics(self, model)
+
     def serve(self, port: int, addr: str = "0.0.0.0"):
         """Start the /metrics HTTP endpoint; returns (server, thread)."""
         return start_http_server(port, addr=addr, registry=self.registry)
+
+
+class ModelMetrics:
+    """The per-model children, bound once: `labels()` costs a locked dict lookup, and the
+    engine loop would otherwise pay it several times per decode step."""
+
+    PER_MODEL = ("queue_time", "ttft", "inter_token", "e2e", "input_tokens", "output_tokens", "output_length",
+                 "running", "waiting", "kv_usage", "decode_batch", "encode_batch", "padding", "encode_time",
+                 "step_time")
+
+    def __init__(self, metrics: Metrics, model: str):
+        for name in self.PER_MODEL:
+            setattr(self, name, getattr(metrics, name).labels(model))

@@ -53,7 +53,7 @@ class StepPlan:
 class Scheduler:
     def __init__(self, model: str, cache: SlotCache, metrics: Metrics, bos_id: int, eos_id: int,
                  max_queue: int = 256, max_encode_tokens: int = 4096, max_encode_batch: int = 64):
-        self.model, self.cache, self.metrics = model, cache, metrics
+        self.model, self.cache, self.m = model, cache, metrics.for_model(model)
         self.bos_id, self.eos_id = bos_id, eos_id
         self.max_queue, self.max_encode_tokens, self.max_encode_batch = max_queue, max_encode_tokens, max_encode_batch
         self.waiting: collections.deque[Job | EmbedJob] = collections.deque()
@@ -72,7 +72,7 @@ class Scheduler:
                 raise ResourceExhausted(f"queue full: {len(self.waiting)} texts waiting, limit {self.max_queue}; "
                                         "retry later")
             self.waiting.extend(jobs)
-            self.metrics.waiting.labels(self.model).set(len(self.waiting))
+            self.m.waiting.set(len(self.waiting))
             self.wakeup.notify()
 
     def close(self) -> None:
@@ -117,10 +117,10 @@ class Scheduler:
                 free -= rows
                 tokens += size
                 job.timing.scheduled = now
-                self.metrics.queue_time.labels(self.model).observe(now - job.timing.arrival)
+                self.m.queue_time.observe(now - job.timing.arrival)
                 (plan.encode if isinstance(job, Job) else plan.embed).append(job)
             self.waiting = kept
-            self.metrics.waiting.labels(self.model).set(len(self.waiting))
+            self.m.waiting.set(len(self.waiting))
         return plan
 
     def start(self, job: Job, rows: list[Row]) -> None:
@@ -135,8 +135,8 @@ class Scheduler:
             state.live, state.ended_by_eos = [True] * n, [False] * n
             state.rngs = [make_rng(p.seed, i) if p.sampling else None for i in range(n)]
         self.running.append(state)
-        self.metrics.input_tokens.labels(self.model).inc(len(job.src_ids))
-        self.metrics.running.labels(self.model).set(len(self.running))
+        self.m.input_tokens.inc(len(job.src_ids))
+        self.m.running.set(len(self.running))
 
     def update(self, logits: np.ndarray, now: float) -> None:
         """logits (B, V) for the rows in slot order, from one decode step."""
@@ -150,8 +150,8 @@ class Scheduler:
                 self._row_update(state, logits, logp, now)
             state.step += 1
         self.cache.release(self._to_release)
-        self.metrics.running.labels(self.model).set(len(self.running))
-        self.metrics.kv_usage.labels(self.model).set(self.cache.usage())
+        self.m.running.set(len(self.running))
+        self.m.kv_usage.set(self.cache.usage())
 
     # -- internals ------------------------------------------------------------------
     def _row_update(self, state: Running, logits: np.ndarray, logp: np.ndarray, now: float) -> None:
@@ -204,9 +204,9 @@ class Scheduler:
         t = job.timing
         if t.first_token is None:
             t.first_token = now
-            self.metrics.ttft.labels(self.model).observe(now - t.arrival)
+            self.m.ttft.observe(now - t.arrival)
         else:
-            self.metrics.inter_token.labels(self.model).observe(now - t.last_token)
+            self.m.inter_token.observe(now - t.last_token)
         t.last_token = now
 
     def _finish(self, state: Running, hyps: list[Hypothesis], reason: FinishReason, now: float) -> None:
@@ -214,9 +214,9 @@ class Scheduler:
         self.running.remove(state)
         job.timing.finished = now
         produced = sum(len(h.token_ids) for h in hyps[:1])
-        self.metrics.output_tokens.labels(self.model).inc(produced)
-        self.metrics.output_length.labels(self.model).observe(produced)
-        self.metrics.e2e.labels(self.model).observe(now - job.timing.arrival)
+        self.m.output_tokens.inc(produced)
+        self.m.output_length.observe(produced)
+        self.m.e2e.observe(now - job.timing.arrival)
         job.sink(FinishEvent(hyps, reason, len(job.src_ids), job.timing))
 
     def _fail(self, job: Job | EmbedJob, error: Exception) -> None:
@@ -231,8 +231,8 @@ class Scheduler:
                 self.running.remove(state)
                 self._fail(job, Cancelled("cancelled by the client") if job.cancelled
                            else DeadlineExceeded(f"deadline exceeded after {state.step} decode steps"))
-        self.metrics.running.labels(self.model).set(len(self.running))
-        self.metrics.kv_usage.labels(self.model).set(self.cache.usage())
+        self.m.running.set(len(self.running))
+        self.m.kv_usage.set(self.cache.usage())
 
     def abort_all(self, error: Exception) -> None:
         """Shutdown after the grace period: fail whatever is left."""
@@ -244,6 +244,6 @@ class Scheduler:
             self.cache.release([r for r in state.rows if r.slot >= 0])
             self.running.remove(state)
             self._fail(state.job, error)
-        self.metrics.waiting.labels(self.model).set(0)
-        self.metrics.running.labels(self.model).set(0)
-        self.metrics.kv_usage.labels(self.model).set(self.cache.usage())
+        self.m.waiting.set(0)
+        self.m.running.set(0)
+        self.m.kv_usage.set(self.cache.usage())

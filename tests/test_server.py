@@ -227,3 +227,39 @@ def test_overload_is_refused_at_once(client):
             assert c.translate(["A dog."]).translations[0].hypotheses[0].text
     finally:
         tight.stop()
+
+
+def test_reflection_lists_and_describes_the_service(server):
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+    with grpc.insecure_channel(server.target) as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        reqs = [reflection_pb2.ServerReflectionRequest(list_services=""),
+                reflection_pb2.ServerReflectionRequest(file_containing_symbol="nmt.v1.Translator")]
+        answers = list(stub.ServerReflectionInfo(iter(reqs)))
+    names = {s.name for s in answers[0].list_services_response.service}
+    assert {"nmt.v1.Translator", "grpc.health.v1.Health"} <= names
+    assert answers[1].file_descriptor_response.file_descriptor_proto  # the .proto, for grpcurl
+
+
+def test_every_bundle_in_the_repository_is_served(tmp_path):
+    import json
+    import shutil
+    from serving import REPOSITORY
+    src = next(p for p in REPOSITORY.iterdir() if p.is_dir())
+    version = sorted(v for v in src.iterdir() if v.is_dir())[-1]
+    for name in ("alpha", "beta"):
+        dst = tmp_path / name / "3"
+        shutil.copytree(version, dst)
+        config = json.loads((dst / "config.json").read_text())
+        config.update(name=name, version=3)
+        (dst / "config.json").write_text(json.dumps(config))
+    srv = ServerThread(model_repository=str(tmp_path), default_model="beta", warmup=False).start()
+    try:
+        with TranslatorClient(srv.target) as c:
+            models = c.list_models()
+            assert [m.name for m in models.models] == ["alpha", "beta"] and models.default_model == "beta"
+            assert [m.version for m in models.models] == [3, 3]
+            assert c.translate(["A dog."]).model == "beta"
+            assert c.translate(["A dog."], model="alpha").model == "alpha"
+    finally:
+        srv.stop()

@@ -3,7 +3,7 @@
 #   make test                      # install into .venv, run the test suite
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-EXTRAS ?= train,export,serve,dev
+EXTRAS ?= train,export,serve,dev,bench
 TEXT   ?= A man is riding a bike.
 
 .PHONY: install serve test translate clean protos

@@ -44,6 +44,18 @@ def _norm(spec, norm: torch.nn.LayerNorm) -> None:
     spec.gamma, spec.beta = _np(norm.weight), _np(norm.bias)
 
 
+def _self_attention(spec, attn, norm: torch.nn.LayerNorm) -> None:
+    _norm(spec.layer_norm, norm)  # pre-norm: CTranslate2 keeps the input norm inside the attention spec
+    _fused(spec.linear[0], [attn.q_proj, attn.k_proj, attn.v_proj])
+    _linear(spec.linear[1], attn.out_proj)
+
+
+def _ffn(spec, ffn, norm: torch.nn.LayerNorm) -> None:
+    _norm(spec.layer_norm, norm)
+    _linear(spec.linear_0, ffn.fc1)
+    _linear(spec.linear_1, ffn.fc2)
+
+
 def build_spec(model: Transformer, pieces: list[str]):
     import ctranslate2
     from ctranslate2.specs import common_spec, transformer_spec
@@ -65,30 +77,20 @@ def build_spec(model: Transformer, pieces: list[str]):
     enc.scale_embeddings = True
     enc.position_encodings.encodings = table
     for ours, theirs in zip(model.encoder, enc.layer):
-        _norm(theirs.self_attention.layer_norm, ours.norm1)
-        a = ours.self_attn
-        _fused(theirs.self_attention.linear[0], [a.q_proj, a.k_proj, a.v_proj])
-        _linear(theirs.self_attention.linear[1], a.out_proj)
-        _norm(theirs.ffn.layer_norm, ours.norm2)
-        _linear(theirs.ffn.linear_0, ours.ffn.fc1)
-        _linear(theirs.ffn.linear_1, ours.ffn.fc2)
+        _self_attention(theirs.self_attention, ours.self_attn, ours.norm1)
+        _ffn(theirs.ffn, ours.ffn, ours.norm2)
     _norm(enc.layer_norm, model.enc_norm)
     dec.embeddings.weight = _np(model.tgt_embed.weight)
     dec.scale_embeddings = True
     dec.position_encodings.encodings = table
     for ours, theirs in zip(model.decoder, dec.layer):
-        _norm(theirs.self_attention.layer_norm, ours.norm1)
-        a = ours.self_attn
-        _fused(theirs.self_attention.linear[0], [a.q_proj, a.k_proj, a.v_proj])
-        _linear(theirs.self_attention.linear[1], a.out_proj)
+        _self_attention(theirs.self_attention, ours.self_attn, ours.norm1)
         _norm(theirs.attention.layer_norm, ours.norm2)
         c = ours.cross_attn
         _linear(theirs.attention.linear[0], c.q_proj)
         _fused(theirs.attention.linear[1], [c.k_proj, c.v_proj])
         _linear(theirs.attention.linear[2], c.out_proj)
-        _norm(theirs.ffn.layer_norm, ours.norm3)
-        _linear(theirs.ffn.linear_0, ours.ffn.fc1)
-        _linear(theirs.ffn.linear_1, ours.ffn.fc2)
+        _ffn(theirs.ffn, ours.ffn, ours.norm3)
     _norm(dec.layer_norm, model.dec_norm)
     dec.projection.weight = _np(model.tgt_embed.weight if model.out_proj is None else model.out_proj.weight)
     spec.register_source_vocabulary(pieces)

@@ -19,7 +19,7 @@ from server.detok import IncrementalDetokenizer
 from server.errors import InvalidArgument, NotFound, ServiceError, Unavailable
 from server.hosted import HostedModel
 from server.metrics import Metrics
-from server.request import DecodingParams, ErrorEvent, Event, FinishEvent, FinishReason, TokenEvent
+from server.request import DecodingParams, ErrorEvent, FinishEvent, FinishReason, TokenEvent
 
 FINISH = {FinishReason.EOS: pb.FINISH_REASON_EOS, FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
           FinishReason.CANCELLED: pb.FINISH_REASON_CANCELLED}
@@ -37,6 +37,27 @@ def decoding_params(o: pb.DecodingOptions) -> DecodingParams:
 def deadline_of(context) -> Optional[float]:
     remaining = context.time_remaining()
     return None if remaining is None else time.monotonic() + remaining
+
+
+def _futures(n: int) -> tuple[list[asyncio.Future], list[Callable]]:
+    """n futures on the running loop, and sinks the engine thread may call to settle them.
+
+    A sink takes a FinishEvent or a vector (result), an ErrorEvent or exception
+    (failure), or a TokenEvent (ignored: unary calls only want the end).
+    """
+    loop = asyncio.get_running_loop()
+    futures = [loop.create_future() for _ in range(n)]
+
+    def sink_for(fut: asyncio.Future) -> Callable:
+        def settle(value) -> None:
+            if fut.done() or isinstance(value, TokenEvent):
+                return
+            if isinstance(value, (ErrorEvent, Exception)):
+                fut.set_exception(value.error if isinstance(value, ErrorEvent) else value)
+            else:
+                fut.set_result(value)
+        return lambda value: loop.call_soon_threadsafe(settle, value)
+    return futures, [sink_for(f) for f in futures]
 
 
 def timings(t) -> pb.Timings:
@@ -86,21 +107,8 @@ class TranslatorService(pb_grpc.TranslatorServicer):
     async def _translate(self, request: pb.TranslateRequest, context) -> pb.TranslateResponse:
         model = self._model(request.model)
         texts = self._texts(request.texts)
-        loop = asyncio.get_running_loop()
-        futures = [loop.create_future() for _ in texts]
-
-        def sink_for(fut: asyncio.Future) -> Callable[[Event], None]:
-            def deliver(event: Event) -> None:
-                if fut.done() or isinstance(event, TokenEvent):
-                    return
-                if isinstance(event, ErrorEvent):
-                    fut.set_exception(event.error)
-                else:
-                    fut.set_result(event)
-            return lambda event: loop.call_soon_threadsafe(deliver, event)
-
-        jobs = model.jobs(texts, decoding_params(request.options), [sink_for(f) for f in futures],
-                          deadline_of(context))
+        futures, sinks = _futures(len(texts))
+        jobs = model.jobs(texts, decoding_params(request.options), sinks, deadline_of(context))
         model.scheduler.submit(jobs)
         try:
             results: list[FinishEvent] = await asyncio.gather(*futures)
@@ -166,15 +174,8 @@ class TranslatorService(pb_grpc.TranslatorServicer):
     async def _embed(self, request: pb.EmbedRequest, context) -> pb.EmbedResponse:
         model = self._model(request.model)
         texts = self._texts(request.texts)
-        loop = asyncio.get_running_loop()
-        futures = [loop.create_future() for _ in texts]
-
-        def sink_for(fut):
-            def deliver(value):
-                if not fut.done():
-                    fut.set_exception(value) if isinstance(value, Exception) else fut.set_result(value)
-            return lambda value: loop.call_soon_threadsafe(deliver, value)
-        jobs = model.embed_jobs(texts, [sink_for(f) for f in futures], deadline_of(context))
+        futures, sinks = _futures(len(texts))
+        jobs = model.embed_jobs(texts, sinks, deadline_of(context))
         model.scheduler.submit(jobs)
         try:
             vectors = await asyncio.gather(*futures)

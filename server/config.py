@@ -23,7 +23,7 @@ class ServerConfig:
     inter_op_threads: int = 1
     max_batch_size: int = 64  # decode rows (KV cache slots) per model
     max_batch_tokens: int = 4096  # source tokens per encoder pass
-    max_queue_delay_ms: float = 1.0  # idle engine: wait this long for company before encoding
+    max_queue_delay_ms: float = 0.0  # idle engine: wait this long for company before encoding (Triton's default: 0)
     max_queue_size: int = 256  # texts waiting per model; beyond: RESOURCE_EXHAUSTED
     max_texts_per_request: int = 64
     max_source_tokens: int = 256

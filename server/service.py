@@ -149,8 +149,19 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         detok = IncrementalDetokenizer(model.tok)
         finished = False
         try:
+            pending = None
             while True:
-                event = await events.get()
+                event, pending = pending or await events.get(), None
+                if isinstance(event, TokenEvent):
+                    # A slow reader gets the tokens that piled up in one message, not one write each.
+                    ids = list(event.token_ids)
+                    while not events.empty():
+                        nxt = events.get_nowait()
+                        if not isinstance(nxt, TokenEvent):
+                            pending = nxt
+                            break
+                        ids += nxt.token_ids
+                    event = TokenEvent(ids)
                 if isinstance(event, TokenEvent):
                     delta = detok.push(event.token_ids)
                     if delta:

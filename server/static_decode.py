@@ -38,10 +38,15 @@ class StepCache:
         self.v = np.zeros(shape, dtype=np.float32)
         self.length = 0
 
-    def past(self) -> tuple[np.ndarray, np.ndarray]:
-        # ONNX Runtime takes C-contiguous inputs; a slice along axis 3 is not one.
-        return (np.ascontiguousarray(self.k[:, :, :, : self.length]),
-                np.ascontiguousarray(self.v[:, :, :, : self.length]))
+    def past(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The whole buffers and a mask over the filled part: (L, B, H, capacity, Dh) x2, (B, capacity).
+
+        ONNX Runtime wants C-contiguous inputs, and a slice along the time axis
+        is not one; handing over the full buffer with the unfilled tail masked
+        (exactly zero attention weight) saves copying the past every step.
+        """
+        mask = np.broadcast_to(np.arange(self.k.shape[3]) < self.length, (self.k.shape[1], self.k.shape[3]))
+        return self.k, self.v, np.ascontiguousarray(mask)
 
     def append(self, new_k: np.ndarray, new_v: np.ndarray) -> None:
         self.k[:, :, :, self.length] = new_k[:, :, :, 0]
@@ -69,9 +74,9 @@ def greedy(model: OnnxModel, src_ids: np.ndarray, src_mask: np.ndarray, max_len:
     out = np.full((b, max_len), s.pad_id, dtype=np.int64)
     finished = np.zeros(b, dtype=bool)
     for step in range(max_len):
-        past_k, past_v = cache.past()
+        past_k, past_v, past_mask = cache.past()
         logits, new_k, new_v = model.decode_step(tokens, np.full((b, 1), step, dtype=np.int64), past_k, past_v,
-                                                 np.ones((b, step), dtype=bool), cross_k, cross_v, src_mask)
+                                                 past_mask, cross_k, cross_v, src_mask)
         cache.append(new_k, new_v)
         last = logits[:, -1]
         if step < min_len:
@@ -111,10 +116,9 @@ def beam_search(model: OnnxModel, src_ids: np.ndarray, src_mask: np.ndarray, bea
     states = [BeamState(k, s.eos_id, alpha) for _ in range(b)]
     tokens = np.full(b * k, s.bos_id, dtype=np.int64)
     for step in range(max_len):
-        past_k, past_v = cache.past()
+        past_k, past_v, past_mask = cache.past()
         logits, new_k, new_v = model.decode_step(tokens[:, None], np.full((b * k, 1), step, dtype=np.int64),
-                                                 past_k, past_v, np.ones((b * k, step), dtype=bool),
-                                                 cross_k, cross_v, mask)
+                                                 past_k, past_v, past_mask, cross_k, cross_v, mask)
         cache.append(new_k, new_v)
         logp = log_softmax(logits[:, -1]).reshape(b, k, -1)
         flat = np.arange(b * k)

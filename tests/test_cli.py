@@ -84,3 +84,19 @@ def test_loaded_checkpoint_matches_saved_weights(run_dir):
     saved = torch.load(out / "best.pt", weights_only=True)["model"]
     assert all(torch.equal(model.state_dict()[k], v) for k, v in saved.items())
     assert meta["epoch"] >= 1 and tok.vocab_size == model.cfg.vocab_size
+
+
+def test_average_of_checkpoints(run_dir, tmp_path):
+    from models.average import average
+    out, _ = run_dir
+    a = torch.load(out / "epoch_001.pt", weights_only=True)
+    b = {**a, "model": {k: v + 1.0 if v.is_floating_point() else v for k, v in a["model"].items()}}
+    torch.save(b, tmp_path / "b.pt")
+    avg = average([out / "epoch_001.pt", tmp_path / "b.pt"])
+    name = next(k for k, v in a["model"].items() if v.is_floating_point())
+    assert torch.allclose(avg["model"][name], a["model"][name] + 0.5)
+    assert avg["meta"]["averaged_from"] == ["epoch_001.pt", "b.pt"]
+    bad = {**a, "config": {**a["config"], "d_model": 32}}
+    torch.save(bad, tmp_path / "bad.pt")
+    with pytest.raises(ValueError, match="config differs"):
+        average([out / "epoch_001.pt", tmp_path / "bad.pt"])

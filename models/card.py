@@ -31,7 +31,25 @@ def command_of(args: dict) -> str:
     return "python -m models.train " + " ".join(flags)
 
 
-def render(state: dict, log: list[dict], quality: dict, name: str) -> str:
+def checkpoint_line(meta: dict, epochs: int) -> str:
+    if "averaged_from" in meta:
+        return (f"- Checkpoint: the weights averaged over {', '.join(meta['averaged_from'])} "
+                f"(of {epochs} epochs), chosen on the validation set (table below).")
+    return f"- Checkpoint: epoch {meta['epoch']} (step {meta['step']}), the best of {epochs} epochs by validation BLEU."
+
+
+def selection_table(rows: list[dict]) -> list[str]:
+    """Candidates scored on val.* with models.evaluate --json."""
+    if not rows:
+        return []
+    out = ["", "Checkpoint and decoding selection on the validation set (never on test):", "",
+           "| checkpoint | beam | length penalty | val BLEU |", "|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {Path(r['checkpoint']).name} | {r['beam']} | {r['alpha']} | {r['bleu']:.2f} |")
+    return out
+
+
+def render(state: dict, log: list[dict], quality: dict, name: str, selection: list[dict] | None = None) -> str:
     cfg = ModelConfig.from_dict(state["config"])
     meta = state["meta"]
     params = Transformer(cfg).num_parameters()
@@ -54,8 +72,7 @@ def render(state: dict, log: list[dict], quality: dict, name: str) -> str:
         f"embeddings; dropout {cfg.dropout}, attention dropout {cfg.attn_dropout}.",
         f"- {params:,} parameters; joint BPE vocabulary of {cfg.vocab_size} pieces (`tokenizer.json`, "
         "HF tokenizers, NFC + whitespace normalisation, ▁ word marker).",
-        f"- Checkpoint: epoch {meta['epoch']} (step {meta['step']}), the best of {len(epochs)} epochs by "
-        f"validation BLEU (greedy).",
+        checkpoint_line(meta, len(epochs)),
         "",
         "## Training",
         "",
@@ -71,7 +88,8 @@ def render(state: dict, log: list[dict], quality: dict, name: str) -> str:
         "```",
         "",
         f"- Best validation BLEU (greedy, during training): {best['val_bleu']:.2f} at epoch {best['epoch']}.",
-        "- Training curve: `curve.png` beside this card.",
+        "- Training curve: `curve.png` beside this card; the log: `train.jsonl`.",
+        *selection_table(selection or []),
         "",
         f"## Quality on test_2016_flickr ({q['sentences']:,} sentences)",
         "",
@@ -111,12 +129,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--train-log", required=True)
     p.add_argument("--quality", required=True)
     p.add_argument("--name", default="multi30k-en-de-small")
+    p.add_argument("--selection", help="JSON lines of models.evaluate --json runs on the validation set")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
+    selection = ([json.loads(x) for x in Path(args.selection).read_text().splitlines() if x.strip()]
+                 if args.selection else [])
     state = torch.load(args.checkpoint, map_location="cpu", weights_only=True)
     log = [json.loads(line) for line in Path(args.train_log).read_text().splitlines() if line.strip()]
     quality = json.loads(Path(args.quality).read_text())
-    Path(args.out).write_text(render(state, log, quality, args.name))
+    Path(args.out).write_text(render(state, log, quality, args.name, selection))
     print(args.out)
     return 0
 

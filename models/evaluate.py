@@ -108,7 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{score} {metric.get_signature()}")
     print(f"{len(src)} sentences in {elapsed:.1f}s (beam={args.beam})", file=sys.stderr)
     if args.json:
-        print(json.dumps({"bleu": round(score.score, 2), "signature": str(metric.get_signature()),
+        print(json.dumps({"checkpoint": args.checkpoint, "src_file": Path(args.src_file).name,
+                          "bleu": round(score.score, 2), "signature": str(metric.get_signature()),
                           "beam": args.beam, "alpha": args.alpha, "sentences": len(src),
                           "seconds": round(elapsed, 1)}))
     return 0

@@ -65,8 +65,12 @@ class TokenParity:
 
 
 def token_parity(model: Transformer, onnx_model: OnnxModel, sources: Sequence[Sequence[int]],
-                 beam: int = 1, alpha: float = 1.0, batch_size: int = 32) -> TokenParity:
-    """Decode `sources` (ids with EOS) both ways in the same batches; count identical outputs."""
+                 beam: int = 1, alpha: float = 1.0, batch_size: int = 32,
+                 torch_ids: list[list[int]] | None = None) -> TokenParity:
+    """Decode `sources` (ids with EOS) both ways in the same batches; count identical outputs.
+
+    `torch_ids` from an earlier call with the same sources and settings skips the PyTorch side.
+    """
     pad = model.cfg.pad_id
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     t_out: list[list[int]] = [[] for _ in sources]
@@ -75,11 +79,15 @@ def token_parity(model: Transformer, onnx_model: OnnxModel, sources: Sequence[Se
         chunk = order[start:start + batch_size]
         ids, mask = static_decode.pad_batch([sources[i] for i in chunk], pad)
         src = torch.from_numpy(ids)
-        if beam <= 1:
+        if torch_ids is not None:
+            t_res = [torch_ids[i] for i in chunk]
+        elif beam <= 1:
             t_res = torch_search.greedy(model, src)
-            o_res = static_decode.greedy(onnx_model, ids, mask)
         else:
             t_res = [h[0].tokens for h in torch_search.beam_search(model, src, beam=beam, alpha=alpha)]
+        if beam <= 1:
+            o_res = static_decode.greedy(onnx_model, ids, mask)
+        else:
             o_res = [h[0].tokens for h in static_decode.beam_search(onnx_model, ids, mask, beam=beam, alpha=alpha)]
         for i, a, b in zip(chunk, t_res, o_res):
             t_out[i], o_out[i] = a, b

@@ -64,12 +64,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             bundle_dir = Path(tmp) / "q" / "1"
         bundle = load_bundle(bundle_dir)
         result = {"sentences": len(src), "beam": args.beam, "alpha": args.alpha, "torch": torch.__version__}
+        reference: dict[str, list[list[int]]] = {}  # PyTorch outputs, decoded once per mode
         for variant in ("fp32", "int8"):
             onnx_model = OnnxModel(bundle, RuntimeOptions(variant=variant, provider="cpu"))
             for beam in (1, args.beam):
                 t0 = time.perf_counter()
-                par = token_parity(model, onnx_model, ids, beam=beam, alpha=args.alpha)
                 name = "greedy" if beam == 1 else f"beam{beam}"
+                par = token_parity(model, onnx_model, ids, beam=beam, alpha=args.alpha,
+                                   torch_ids=reference.get(name))
+                reference[name] = par.torch_ids
                 torch_bleu = bleu([tok.decode(x) for x in par.torch_ids], refs)
                 result.setdefault("pytorch", {})[name] = torch_bleu
                 result[f"onnx_{variant}_{name}"] = {

@@ -25,6 +25,14 @@ def average(paths: Sequence[str | Path]) -> dict:
         raise ValueError("cannot average: " + "; ".join(problems))
     model = {k: sum(s["model"][k].double() for s in states).div(len(states)).to(states[0]["model"][k].dtype)
              for k in states[0]["model"]}
+    # Keep tied parameters tied (one tensor under two names), or the file stores them twice.
+    first: dict[int, str] = {}
+    for k, v in states[0]["model"].items():
+        ptr = v.data_ptr()
+        if ptr in first:
+            model[k] = model[first[ptr]]
+        else:
+            first[ptr] = k
     meta = dict(states[-1].get("meta", {}))
     meta["averaged_from"] = [Path(p).name for p in paths]
     return {"config": states[0]["config"], "model": model, "meta": meta}

@@ -100,3 +100,10 @@ def test_average_of_checkpoints(run_dir, tmp_path):
     torch.save(bad, tmp_path / "bad.pt")
     with pytest.raises(ValueError, match="config differs"):
         average([out / "epoch_001.pt", tmp_path / "bad.pt"])
+
+
+def test_average_keeps_tied_weights_tied(run_dir, tmp_path):
+    from models.average import average
+    out, _ = run_dir
+    avg = average([out / "epoch_001.pt", out / "epoch_001.pt"])
+    assert avg["model"]["embed.weight"] is avg["model"]["tgt_embed.weight"]

@@ -149,7 +149,7 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         detok = IncrementalDetokenizer(model.tok)
         finished = False
         try:
-            pending = None
+            pending, unsent = None, []
             while True:
                 event, pending = pending or await events.get(), None
                 if isinstance(event, TokenEvent):
@@ -163,15 +163,17 @@ class TranslatorService(pb_grpc.TranslatorServicer):
                         ids += nxt.token_ids
                     event = TokenEvent(ids)
                 if isinstance(event, TokenEvent):
+                    unsent += event.token_ids
                     delta = detok.push(event.token_ids)
-                    if delta:
-                        yield pb.TranslateStreamResponse(delta=delta, token_ids=event.token_ids, model=model.name)
+                    if delta:  # tokens with no visible text yet ride along with the next message
+                        yield pb.TranslateStreamResponse(delta=delta, token_ids=unsent, model=model.name)
+                        unsent = []
                 elif isinstance(event, ErrorEvent):
                     raise event.error
                 else:
                     finished = True
                     yield pb.TranslateStreamResponse(
-                        delta=detok.finish(), final=True, finish_reason=FINISH[event.reason],
+                        delta=detok.finish(), token_ids=unsent, final=True, finish_reason=FINISH[event.reason],
                         input_tokens=event.input_tokens, output_tokens=len(event.hypotheses[0].token_ids),
                         timings=timings(event.timing), model=model.name)
                     return

@@ -23,6 +23,7 @@ serve: install
 	$(PY) -m server
 
 test: install
+	$(PY) -m ruff check .
 	$(PY) -m pytest -q
 
 translate: install

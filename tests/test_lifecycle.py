@@ -3,7 +3,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import grpc

@@ -30,3 +30,8 @@ class DeadlineExceeded(ServiceError):
 
 class Cancelled(ServiceError):
     code = grpc.StatusCode.CANCELLED
+
+
+class Internal(ServiceError):
+    """An engine failure; the requests in flight fail with it and the loop keeps serving."""
+    code = grpc.StatusCode.INTERNAL

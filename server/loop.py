@@ -11,14 +11,10 @@ import threading
 import time
 
 from server.engine import Engine
-from server.errors import ServiceError, Unavailable
+from server.errors import Internal, Unavailable
 from server.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
-
-
-class InternalError(ServiceError):
-    pass
 
 
 class EngineLoop(threading.Thread):
@@ -48,7 +44,7 @@ class EngineLoop(threading.Thread):
                 self.iteration(now)
             except Exception as e:  # noqa: BLE001 (an engine bug must not kill the loop)
                 log.exception("engine step failed; failing the running requests")
-                sched.abort_all(InternalError(f"internal engine error: {e}"))
+                sched.abort_all(Internal(f"internal engine error: {e}"))
 
     def iteration(self, now: float) -> None:
         sched, engine = self.scheduler, self.engine

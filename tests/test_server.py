@@ -263,3 +263,24 @@ def test_every_bundle_in_the_repository_is_served(tmp_path):
             assert c.translate(["A dog."], model="alpha").model == "alpha"
     finally:
         srv.stop()
+
+
+def test_an_engine_failure_fails_its_batch_and_the_server_recovers(server, client):
+    runtime = server.app.models["multi30k-en-de-small"].runtime
+    real = runtime.decode_step
+    calls = []
+
+    def failing_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("injected failure")
+        return real(*args, **kwargs)
+    runtime.decode_step = failing_once
+    try:
+        got, details = code_of(lambda: client.translate(["A dog runs on the beach."]))
+    finally:
+        del runtime.decode_step  # back to the class method
+    assert got == grpc.StatusCode.INTERNAL and "injected failure" in details
+    server.wait_idle()
+    assert server.metric("nmt_kv_cache_usage_ratio") == 0
+    assert client.translate(["A dog runs on the beach."]).translations[0].hypotheses[0].text

@@ -41,12 +41,3 @@ def sample_token(logits: np.ndarray, params: DecodingParams, rng: np.random.Gene
     cdf = np.cumsum(probs)
     return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(cdf) - 1))
 
-
-def choose(logits: np.ndarray, logp: np.ndarray, params: list[DecodingParams],
-           rngs: list[Optional[np.random.Generator]]) -> tuple[np.ndarray, np.ndarray]:
-    """logits, logp (B, V) for B rows -> next tokens (B,) and their log-probs under the model (B,)."""
-    tokens = logits.argmax(axis=-1)
-    for i, (p, rng) in enumerate(zip(params, rngs)):
-        if p.sampling:
-            tokens[i] = sample_token(logits[i], p, rng)
-    return tokens, logp[np.arange(len(tokens)), tokens]

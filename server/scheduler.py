@@ -24,7 +24,7 @@ from server.errors import Cancelled, DeadlineExceeded, ResourceExhausted, Unavai
 from server.kv_cache import Row, SlotCache
 from server.metrics import Metrics
 from server.request import EmbedJob, ErrorEvent, FinishEvent, FinishReason, Hypothesis, Job, TokenEvent
-from server.sampler import choose, make_rng
+from server.sampler import make_rng, sample_token
 
 
 @dataclass
@@ -141,28 +141,29 @@ class Scheduler:
     def update(self, logits: np.ndarray, now: float) -> None:
         """logits (B, V) for the rows in slot order, from one decode step."""
         logp = log_softmax(logits)
+        greedy = logits.argmax(axis=-1).tolist()  # every row's argmax in one call; sampling rows ignore it
         # Slots must not move while logits rows are read by slot: releases wait until the end.
         self._to_release: list[Row] = []
         for state in list(self.running):
             if state.beam is not None:
                 self._beam_update(state, logp, now)
             else:
-                self._row_update(state, logits, logp, now)
+                self._row_update(state, logits, logp, greedy, now)
             state.step += 1
         self.cache.release(self._to_release)
         self.m.running.set(len(self.running))
         self.m.kv_usage.set(self.cache.usage())
 
     # -- internals ------------------------------------------------------------------
-    def _row_update(self, state: Running, logits: np.ndarray, logp: np.ndarray, now: float) -> None:
+    def _row_update(self, state: Running, logits: np.ndarray, logp: np.ndarray, greedy: list[int],
+                    now: float) -> None:
         job = state.job
-        idx = [i for i, live in enumerate(state.live) if live]
-        slots = [state.rows[i].slot for i in idx]
-        toks, lps = choose(logits[slots], logp[slots], [job.params] * len(idx), [state.rngs[i] for i in idx])
         finished_rows, streamed = [], None
-        for i, tok, lp in zip(idx, toks.tolist(), lps.tolist()):
-            state.logprob[i] += lp
+        for i in [i for i, live in enumerate(state.live) if live]:
             row = state.rows[i]
+            tok = sample_token(logits[row.slot], job.params, state.rngs[i]) if job.params.sampling \
+                else greedy[row.slot]
+            state.logprob[i] += float(logp[row.slot, tok])
             if tok == self.eos_id:
                 state.live[i], state.ended_by_eos[i] = False, True
             else:

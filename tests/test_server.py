@@ -99,7 +99,9 @@ def test_stream_concatenates_to_unary(client):
         assert "".join(m.delta for m in msgs) == unary.hypotheses[0].text
         assert [t for m in msgs for t in m.token_ids] == list(unary.hypotheses[0].token_ids)
         assert msgs[-1].output_tokens == unary.output_tokens
-        assert len(msgs) > 3  # really incremental
+        # Really incremental: text arrives before the end. (Tokens that pile up behind a slow
+        # reader are coalesced, so the message count depends on timing and is not asserted.)
+        assert len(msgs) >= 2 and msgs[0].delta and msgs[0].delta != unary.hypotheses[0].text
         t = msgs[-1].timings
         assert t.first_token_seconds <= t.total_seconds
 

@@ -170,15 +170,16 @@ def test_bad_input_gets_clear_errors_and_server_keeps_serving(server, client):
 
 
 def test_deadline_frees_the_slot(server, client):
-    long_text = " ".join(flickr_sentences(40)[20:28])  # ~100 source tokens
-    got, details = code_of(lambda: client.translate([long_text], max_output_tokens=250, timeout=0.05))
+    # Near-uniform sampling almost never picks EOS, so this runs all 250 steps: far past 50 ms.
+    long = dict(max_output_tokens=250, temperature=5.0, seed=1)
+    got, details = code_of(lambda: client.translate(["A dog runs on the beach."], timeout=0.05, **long))
     assert got == grpc.StatusCode.DEADLINE_EXCEEDED
     server.wait_idle(5)
     assert client.translate(["A dog."]).translations[0].hypotheses[0].text
 
 
 def test_cancelled_stream_frees_the_slot_within_a_step(server, client):
-    stream = client.translate_stream(" ".join(flickr_sentences(30)[20:28]), max_output_tokens=250)
+    stream = client.translate_stream("A dog runs on the beach.", max_output_tokens=250, temperature=5.0, seed=2)
     next(stream)
     next(stream)
     assert server.metric("nmt_running_requests") >= 1

@@ -86,6 +86,15 @@ class ModelConfig:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
 
+def max_output_len(src_len: int, cap: int) -> int:
+    """Output budget for a source of `src_len` tokens: generous, never past `cap`.
+
+    One rule for every decoder (PyTorch search, the static ONNX decoder, the
+    server), so their outputs can be compared token for token.
+    """
+    return min(cap, int(src_len * 1.5) + 10)
+
+
 PRESETS: dict[str, dict[str, Any]] = {
     # Fast enough for unit tests that train to convergence in seconds.
     "tiny": dict(d_model=64, n_heads=4, n_enc_layers=2, n_dec_layers=2, d_ff=128,

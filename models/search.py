@@ -11,12 +11,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from models.config import max_output_len
 from models.transformer import Transformer
 
-
-def max_output_len(src_len: int, cap: int) -> int:
-    """Output budget for a source of `src_len` tokens: generous, never past `cap`."""
-    return min(cap, int(src_len * 1.5) + 10)
 
 
 class KVCache:

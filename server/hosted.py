@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 from typing import Callable, Optional
 
+from models.config import max_output_len
 from models.data import normalize
 from models.tokenizer import SubwordTokenizer
 from server.bundle import Bundle
@@ -20,7 +21,6 @@ from server.metrics import Metrics
 from server.request import DecodingParams, EmbedJob, ErrorEvent, Event, FinishEvent, Job
 from server.runtime import OnnxModel, RuntimeOptions
 from server.scheduler import Scheduler
-from server.static_decode import max_output_len
 
 
 class HostedModel:
@@ -34,7 +34,7 @@ class HostedModel:
         self.max_source = min(cfg.max_source_tokens, spec.max_positions)
         self.max_output = min(cfg.max_output_tokens, spec.max_positions - 1)
         self.cache = SlotCache(spec, cfg.max_batch_size, self.max_source, self.max_output + 1)
-        self.scheduler = Scheduler(self.name, self.cache, metrics, spec.bos_id, spec.eos_id,
+        self.scheduler = Scheduler(self.name, self.cache, metrics, spec.eos_id,
                                    max_queue=cfg.max_queue_size, max_encode_tokens=cfg.max_batch_tokens,
                                    max_encode_batch=cfg.max_batch_size)
         self.engine = Engine(self.name, self.runtime, self.cache, metrics)

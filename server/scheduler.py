@@ -45,16 +45,12 @@ class StepPlan:
     encode: list[Job] = field(default_factory=list)
     embed: list[EmbedJob] = field(default_factory=list)
 
-    @property
-    def empty(self) -> bool:
-        return not self.encode and not self.embed
-
 
 class Scheduler:
-    def __init__(self, model: str, cache: SlotCache, metrics: Metrics, bos_id: int, eos_id: int,
+    def __init__(self, model: str, cache: SlotCache, metrics: Metrics, eos_id: int,
                  max_queue: int = 256, max_encode_tokens: int = 4096, max_encode_batch: int = 64):
         self.model, self.cache, self.m = model, cache, metrics.for_model(model)
-        self.bos_id, self.eos_id = bos_id, eos_id
+        self.eos_id = eos_id
         self.max_queue, self.max_encode_tokens, self.max_encode_batch = max_queue, max_encode_tokens, max_encode_batch
         self.waiting: collections.deque[Job | EmbedJob] = collections.deque()
         self.running: list[Running] = []

@@ -60,6 +60,18 @@ def _futures(n: int) -> tuple[list[asyncio.Future], list[Callable]]:
     return futures, [sink_for(f) for f in futures]
 
 
+async def _run(model: HostedModel, jobs: list, futures: list[asyncio.Future]) -> list:
+    """Queue a request's jobs and await them all; if one fails or the client goes away, cancel
+    the rest so every slot is freed at the next step."""
+    model.scheduler.submit(jobs)
+    try:
+        return await asyncio.gather(*futures)
+    except BaseException:
+        for job in jobs:
+            job.cancel()
+        raise
+
+
 def timings(t) -> pb.Timings:
     s = t.seconds()
     return pb.Timings(queue_seconds=s["queue"], first_token_seconds=s["first_token"], total_seconds=s["total"])
@@ -109,13 +121,7 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         texts = self._texts(request.texts)
         futures, sinks = _futures(len(texts))
         jobs = model.jobs(texts, decoding_params(request.options), sinks, deadline_of(context))
-        model.scheduler.submit(jobs)
-        try:
-            results: list[FinishEvent] = await asyncio.gather(*futures)
-        except BaseException:
-            for job in jobs:  # one failed or the client went away: free every slot
-                job.cancel()
-            raise
+        results: list[FinishEvent] = await _run(model, jobs, futures)
         out = pb.TranslateResponse(model=model.name)
         for res in results:
             t = out.translations.add(finish_reason=FINISH[res.reason], input_tokens=res.input_tokens,
@@ -189,13 +195,7 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         texts = self._texts(request.texts)
         futures, sinks = _futures(len(texts))
         jobs = model.embed_jobs(texts, sinks, deadline_of(context))
-        model.scheduler.submit(jobs)
-        try:
-            vectors = await asyncio.gather(*futures)
-        except BaseException:
-            for job in jobs:
-                job.cancel()
-            raise
+        vectors = await _run(model, jobs, futures)
         out = pb.EmbedResponse(model=model.name, dimension=model.bundle.spec.d_model)
         for job, vec in zip(jobs, vectors):
             if request.normalize:

@@ -10,13 +10,11 @@ from typing import Sequence
 
 import numpy as np
 
+from models.config import max_output_len
+
 from server.beam import BeamState, Hypothesis, log_softmax
 from server.runtime import OnnxModel
 
-
-def max_output_len(src_len: int, cap: int) -> int:
-    """Output budget for a source of `src_len` tokens (the same rule as models/search.py)."""
-    return min(cap, int(src_len * 1.5) + 10)
 
 
 def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:

@@ -46,6 +46,7 @@ async def inprocess(args, texts) -> dict:
     from server.config import ServerConfig
     from server.hosted import HostedModel
     from server.metrics import Metrics
+    from server.relay import relay_for
     from server.request import DecodingParams, ErrorEvent, FinishEvent, TokenEvent
     cfg = ServerConfig.from_args(server_flags(args))
     model = HostedModel(discover(args.repository)[0], cfg, Metrics())
@@ -55,7 +56,7 @@ async def inprocess(args, texts) -> dict:
     async def stream(text: str) -> Sample:
         t0 = time.perf_counter()
         events: asyncio.Queue = asyncio.Queue()
-        (job,) = model.jobs([text], DecodingParams(), lambda e: loop.call_soon_threadsafe(events.put_nowait, e), None)
+        (job,) = model.jobs([text], DecodingParams(), relay_for(loop).sink(events.put_nowait), None)
         model.scheduler.submit([job])
         first, last, gaps = None, None, []
         while True:

@@ -27,6 +27,13 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
+def logsumexp(x: np.ndarray) -> np.ndarray:
+    """(..., V) -> (...): log of the softmax denominator, so log p(t) = x[t] - logsumexp(x)."""
+    x = x.astype(np.float32)
+    top = x.max(axis=-1)
+    return top + np.log(np.exp(x - top[..., None]).sum(axis=-1))
+
+
 @dataclass
 class BeamState:
     beam: int

@@ -107,14 +107,14 @@ class HostedModel:
         return p
 
     def jobs(self, texts: list[str], params: DecodingParams, sink: Callable[[Event], None] | list,
-             deadline: Optional[float]) -> list[Job]:
+             deadline: Optional[float], scores: bool = False) -> list[Job]:
         """Validated jobs for texts; `sink` is one callable for all, or one per text."""
         params = self.check_params(params)
         sinks = sink if isinstance(sink, list) else [sink] * len(texts)
         out = []
         for ids, s in zip(self.encode_texts(texts), sinks):
             budget = params.max_output_tokens or max_output_len(len(ids), self.max_output)
-            out.append(Job(self.name, ids, params, min(budget, self.max_output), s, deadline))
+            out.append(Job(self.name, ids, params, min(budget, self.max_output), s, deadline, scores=scores))
         return out
 
     def embed_jobs(self, texts: list[str], sinks: list, deadline: Optional[float]) -> list[EmbedJob]:

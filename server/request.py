@@ -100,6 +100,7 @@ class Job:
     id: int = field(default_factory=lambda: next(_ids))
     timing: Timing = field(default_factory=Timing)
     cancelled: bool = False  # set from the service side; read by the engine thread
+    scores: bool = False  # report hypothesis log-probabilities (beam search always has them)
 
     def cancel(self) -> None:
         self.cancelled = True

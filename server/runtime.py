@@ -1,17 +1,27 @@
 """ONNX Runtime sessions for one bundle: `encode` and `decode_step` on numpy arrays.
 
 Execution providers: CUDA when asked for and available (package
-onnxruntime-gpu), CPU otherwise. Thread counts are explicit because the
-defaults (one intra-op thread per core, spinning) fight with the gRPC and
-scheduler threads of the server around them.
+onnxruntime-gpu), CPU otherwise.
+
+Threads: every session of the process shares one intra-op pool. By default
+each ONNX Runtime session owns a pool with a spinning worker per core, so an
+encoder and a decoder session (and each further model) bring their own
+workers, which then spin against each other and against the gRPC threads for
+the same cores. One engine thread runs one session at a time, so one pool is
+enough; on the 2-core benchmark machine sharing it raised serving throughput
+by ~15-30% (docs/benchmarks/serving_load.md).
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 import onnxruntime as ort
+from onnxruntime.capi import _pybind_state as ort_c
+
+log = logging.getLogger(__name__)
 
 from server.bundle import Bundle
 
@@ -22,7 +32,8 @@ class RuntimeOptions:
     provider: str = "auto"  # auto | cpu | cuda
     intra_op_threads: int = 0  # 0 = ONNX Runtime's default (one per physical core)
     inter_op_threads: int = 1
-    allow_spinning: bool = True
+    allow_spinning: bool = True  # per-session pools only; the shared pool always may spin
+    shared_pool: bool = True  # one intra-op pool for all sessions of the process (see above)
 
 
 def resolve_providers(provider: str) -> list[str]:
@@ -41,14 +52,37 @@ def resolve_providers(provider: str) -> list[str]:
     raise ValueError(f"unknown provider {provider!r} (auto, cpu or cuda)")
 
 
-def session_options(opts: RuntimeOptions) -> ort.SessionOptions:
+# Size of the process-wide pool once created; "per-session" when ONNX Runtime had already
+# started without one (something created a session first), which cannot be changed later.
+_shared_pool: dict[str, object] = {}
+
+
+def use_shared_pool(threads: int) -> bool:
+    """Create the process-wide intra-op pool on first use; True if sessions may share it."""
+    if "threads" not in _shared_pool:
+        try:
+            ort_c.set_global_thread_pool_sizes(threads, 1)
+            _shared_pool["threads"] = threads
+        except Exception as e:  # noqa: BLE001 (already created: keep what exists)
+            log.warning("could not create the shared ONNX Runtime thread pool: %s", e)
+            _shared_pool["threads"] = "per-session"
+    current = _shared_pool["threads"]
+    if current != "per-session" and current != threads:
+        log.warning("the shared ONNX Runtime pool already has %s intra-op threads; %s asked for later is ignored",
+                    current or "default", threads or "default")
+    return current != "per-session"
+
+
+def session_options(opts: RuntimeOptions, shared: bool = False) -> ort.SessionOptions:
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.intra_op_num_threads = opts.intra_op_threads
-    so.inter_op_num_threads = opts.inter_op_threads
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    if not opts.allow_spinning:
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.use_per_session_threads = not shared
+    if not shared:  # the shared pool's size was fixed when it was created
+        so.intra_op_num_threads = opts.intra_op_threads
+        so.inter_op_num_threads = opts.inter_op_threads
+        if not opts.allow_spinning:
+            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return so
 
 
@@ -60,11 +94,20 @@ class OnnxModel:
         self.spec = bundle.spec
         self.opts = opts or RuntimeOptions()
         self.providers = resolve_providers(self.opts.provider)
-        so = session_options(self.opts)
-        self.encoder = ort.InferenceSession(str(bundle.graph_path(self.opts.variant, "encoder")), so,
-                                            providers=self.providers)
-        self.decoder = ort.InferenceSession(str(bundle.graph_path(self.opts.variant, "decoder_step")), so,
-                                            providers=self.providers)
+        self.encoder = self._session("encoder")
+        self.decoder = self._session("decoder_step")
+
+    def _session(self, graph: str) -> ort.InferenceSession:
+        path = str(self.bundle.graph_path(self.opts.variant, graph))
+        if self.opts.shared_pool and use_shared_pool(self.opts.intra_op_threads):
+            try:
+                return ort.InferenceSession(path, session_options(self.opts, shared=True), providers=self.providers)
+            except Exception as e:  # noqa: BLE001 (ONNX Runtime started earlier without the shared pool)
+                if "GlobalThreadPools" not in str(e):
+                    raise
+                log.warning("ONNX Runtime was started without a shared thread pool; using per-session pools")
+                _shared_pool["threads"] = "per-session"
+        return ort.InferenceSession(path, session_options(self.opts), providers=self.providers)
 
     @property
     def on_device(self) -> bool:

@@ -19,7 +19,7 @@ from typing import Optional
 
 import numpy as np
 
-from server.beam import BeamState, log_softmax
+from server.beam import BeamState, log_softmax, logsumexp
 from server.errors import Cancelled, DeadlineExceeded, ResourceExhausted, Unavailable
 from server.kv_cache import Row, SlotCache
 from server.metrics import Metrics
@@ -38,6 +38,11 @@ class Running:
     ended_by_eos: list[bool] = field(default_factory=list)
     rngs: list = field(default_factory=list)
     step: int = 0
+
+    @property
+    def scored(self) -> bool:
+        """Track log-probabilities: asked for, or needed to rank several hypotheses."""
+        return self.job.scores or len(self.rows) > 1
 
 
 @dataclass
@@ -136,22 +141,27 @@ class Scheduler:
 
     def update(self, logits: np.ndarray, now: float) -> None:
         """logits (B, V) for the rows in slot order, from one decode step."""
-        logp = log_softmax(logits)
         greedy = logits.argmax(axis=-1).tolist()  # every row's argmax in one call; sampling rows ignore it
+        # Log-probabilities only where someone reads them: a full-vocabulary softmax for every
+        # row was 6% of the engine thread, and a plain greedy stream never reports a score.
+        lse = np.zeros(len(logits), dtype=np.float32)
+        scored = [r.slot for st in self.running if st.beam is None and st.scored for r in st.rows if r.slot >= 0]
+        if scored:
+            lse[scored] = logsumexp(logits[scored])
         # Slots must not move while logits rows are read by slot: releases wait until the end.
         self._to_release: list[Row] = []
         for state in list(self.running):
             if state.beam is not None:
-                self._beam_update(state, logp, now)
+                self._beam_update(state, logits, now)
             else:
-                self._row_update(state, logits, logp, greedy, now)
+                self._row_update(state, logits, lse, greedy, now)
             state.step += 1
         self.cache.release(self._to_release)
         self.m.running.set(len(self.running))
         self.m.kv_usage.set(self.cache.usage())
 
     # -- internals ------------------------------------------------------------------
-    def _row_update(self, state: Running, logits: np.ndarray, logp: np.ndarray, greedy: list[int],
+    def _row_update(self, state: Running, logits: np.ndarray, lse: np.ndarray, greedy: list[int],
                     now: float) -> None:
         job = state.job
         finished_rows, streamed = [], None
@@ -159,7 +169,8 @@ class Scheduler:
             row = state.rows[i]
             tok = sample_token(logits[row.slot], job.params, state.rngs[i]) if job.params.sampling \
                 else greedy[row.slot]
-            state.logprob[i] += float(logp[row.slot, tok])
+            if state.scored:
+                state.logprob[i] += float(logits[row.slot, tok] - lse[row.slot])
             if tok == self.eos_id:
                 state.live[i], state.ended_by_eos[i] = False, True
             else:
@@ -180,11 +191,11 @@ class Scheduler:
             reason = FinishReason.EOS if state.ended_by_eos[0] else FinishReason.LENGTH
             self._finish(state, [hyps[i] for i in order], reason, now)
 
-    def _beam_update(self, state: Running, logp: np.ndarray, now: float) -> None:
+    def _beam_update(self, state: Running, logits: np.ndarray, now: float) -> None:
         job = state.job
         slots = [r.slot for r in state.rows]
         last = state.step == job.max_len - 1
-        parents, tokens = state.beam.advance(logp[slots], state.step, last)
+        parents, tokens = state.beam.advance(log_softmax(logits[slots]), state.step, last)
         self._observe_token(job, now)
         if state.beam.finished:
             best = state.beam.best(job.params.num_hypotheses)

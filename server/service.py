@@ -2,7 +2,8 @@
 
 Thin by design. Every RPC goes through `_guard`, the one place where service
 errors become gRPC status codes and where request counts and latencies are
-recorded. Results come back from the engine thread through `call_soon_threadsafe`.
+recorded. Results come back from the engine thread through the loop's EventRelay
+(one wake-up per batch of events, not one per token).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from server.detok import IncrementalDetokenizer
 from server.errors import InvalidArgument, NotFound, ServiceError, Unavailable
 from server.hosted import HostedModel
 from server.metrics import Metrics
+from server.relay import relay_for
 from server.request import DecodingParams, ErrorEvent, FinishEvent, FinishReason, TokenEvent
 
 FINISH = {FinishReason.EOS: pb.FINISH_REASON_EOS, FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
@@ -46,6 +48,7 @@ def _futures(n: int) -> tuple[list[asyncio.Future], list[Callable]]:
     (failure), or a TokenEvent (ignored: unary calls only want the end).
     """
     loop = asyncio.get_running_loop()
+    relay = relay_for(loop)
     futures = [loop.create_future() for _ in range(n)]
 
     def sink_for(fut: asyncio.Future) -> Callable:
@@ -56,7 +59,7 @@ def _futures(n: int) -> tuple[list[asyncio.Future], list[Callable]]:
                 fut.set_exception(value.error if isinstance(value, ErrorEvent) else value)
             else:
                 fut.set_result(value)
-        return lambda value: loop.call_soon_threadsafe(settle, value)
+        return relay.sink(settle)
     return futures, [sink_for(f) for f in futures]
 
 
@@ -120,7 +123,8 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         model = self._model(request.model)
         texts = self._texts(request.texts)
         futures, sinks = _futures(len(texts))
-        jobs = model.jobs(texts, decoding_params(request.options), sinks, deadline_of(context))
+        jobs = model.jobs(texts, decoding_params(request.options), sinks, deadline_of(context),
+                          scores=request.return_scores)
         results: list[FinishEvent] = await _run(model, jobs, futures)
         out = pb.TranslateResponse(model=model.name)
         for res in results:
@@ -148,9 +152,9 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         if params.num_hypotheses != 1:
             raise InvalidArgument("streaming returns one hypothesis: num_hypotheses must be 0 or 1")
         events: asyncio.Queue = asyncio.Queue()
-        loop = asyncio.get_running_loop()
+        relay = relay_for(asyncio.get_running_loop())
         (job,) = model.jobs(self._texts([request.text] if request.text else []), params,
-                            lambda e: loop.call_soon_threadsafe(events.put_nowait, e), deadline_of(context))
+                            relay.sink(events.put_nowait), deadline_of(context))
         model.scheduler.submit([job])
         detok = IncrementalDetokenizer(model.tok)
         finished = False

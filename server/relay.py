@@ -1,0 +1,73 @@
+"""Engine thread -> asyncio loop delivery with one wake-up per batch of events.
+
+Every decode step produces one event per running stream. Handing each to the
+event loop with its own `call_soon_threadsafe` costs a self-pipe write per
+token on the engine thread and a loop wake-up per token on the gRPC thread;
+at 32 streams that was 7% of the engine thread. A relay queues events and
+schedules a single drain for everything that arrives before the loop gets to
+it, so one step's tokens for all streams cost one wake-up.
+
+Order is preserved per relay (FIFO), which is what the streams need: a job's
+tokens, then its FinishEvent.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+class EventRelay:
+    """Coalescing bridge from any thread into one asyncio event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._items: collections.deque[tuple[Callable[[Any], None], Any]] = collections.deque()
+        self._scheduled = False
+        self.wakeups = 0  # drains scheduled so far (tests and benchmarks read it)
+
+    def post(self, callback: Callable[[Any], None], value: Any) -> None:
+        """Run `callback(value)` on the loop soon; callable from any thread."""
+        with self._lock:
+            self._items.append((callback, value))
+            if self._scheduled:
+                return  # a drain is already on its way and will take this item too
+            self._scheduled = True
+            self.wakeups += 1
+        try:
+            self.loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the loop is closed (shutdown): nobody is left to deliver to
+            with self._lock:
+                self._items.clear()
+                self._scheduled = False
+
+    def sink(self, callback: Callable[[Any], None]) -> Callable[[Any], None]:
+        """A job sink that delivers through this relay."""
+        return lambda value: self.post(callback, value)
+
+    def _drain(self) -> None:
+        with self._lock:
+            items, self._items = self._items, collections.deque()
+            self._scheduled = False
+        for callback, value in items:
+            try:
+                callback(value)
+            except Exception:  # noqa: BLE001 (one broken consumer must not starve the others)
+                log.exception("event delivery failed")
+
+
+_relays: dict[asyncio.AbstractEventLoop, EventRelay] = {}
+
+
+def relay_for(loop: asyncio.AbstractEventLoop) -> EventRelay:
+    """The relay of `loop` (one per loop, so all of its requests share wake-ups)."""
+    relay = _relays.get(loop)
+    if relay is None or relay.loop is not loop:
+        for dead in [lp for lp in _relays if lp.is_closed()]:
+            del _relays[dead]
+        relay = _relays[loop] = EventRelay(loop)
+    return relay

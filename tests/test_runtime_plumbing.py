@@ -1,0 +1,72 @@
+"""The serving runtime's plumbing: the engine->asyncio event relay and the shared ONNX Runtime pool."""
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from server.relay import EventRelay
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_relay_keeps_order_and_coalesces_wakeups():
+    async def main():
+        loop = asyncio.get_running_loop()
+        relay = EventRelay(loop)
+        got: list[int] = []
+        done = asyncio.Event()
+
+        def receive(value: int) -> None:
+            got.append(value)
+            if value == 999:
+                done.set()
+
+        sink = relay.sink(receive)
+
+        def engine() -> None:  # one "step" posts many events while the loop is busy elsewhere
+            for i in range(1000):
+                sink(i)
+        t = threading.Thread(target=engine)
+        t.start()
+        t.join()  # nothing was delivered yet: the loop has not run since
+        await asyncio.wait_for(done.wait(), 5)
+        return got, relay.wakeups
+    got, wakeups = asyncio.run(main())
+    assert got == list(range(1000))
+    assert wakeups == 1  # all 1000 events rode on one wake-up of the loop
+
+
+def test_relay_survives_a_failing_consumer():
+    async def main():
+        relay = EventRelay(asyncio.get_running_loop())
+        got: list[str] = []
+
+        def broken(_):
+            raise ValueError("consumer bug")
+        relay.post(broken, None)
+        relay.post(got.append, "after")
+        await asyncio.sleep(0.05)
+        return got
+    assert asyncio.run(main()) == ["after"]
+
+
+def test_sessions_share_one_process_wide_pool():
+    # A fresh interpreter: the pool can only be created before ONNX Runtime starts.
+    code = """
+import numpy as np
+from server import runtime
+from server.bundle import discover
+from server.runtime import OnnxModel, RuntimeOptions
+bundle = discover("model_repository")[0]
+a = OnnxModel(bundle, RuntimeOptions(provider="cpu", intra_op_threads=1))
+b = OnnxModel(bundle, RuntimeOptions(provider="cpu", intra_op_threads=1))
+assert runtime._shared_pool == {"threads": 1}, runtime._shared_pool
+ids, mask = np.array([[5, 6, 7]]), np.ones((1, 3), bool)
+assert np.array_equal(a.encode(ids, mask)[0], b.encode(ids, mask)[0])
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

@@ -56,7 +56,8 @@ async def inprocess(args, texts) -> dict:
     async def stream(text: str) -> Sample:
         t0 = time.perf_counter()
         events: asyncio.Queue = asyncio.Queue()
-        (job,) = model.jobs([text], DecodingParams(), relay_for(loop).sink(events.put_nowait), None)
+        (job,) = model.jobs([text], DecodingParams(), relay_for(loop).sink(events.put_nowait), None,
+                              stream=True)
         model.scheduler.submit([job])
         first, last, gaps = None, None, []
         while True:

@@ -25,6 +25,7 @@ class ServerConfig:
     max_batch_tokens: int = 4096  # source tokens per encoder pass
     max_queue_delay_ms: float = 0.0  # idle engine: wait this long for company before encoding (Triton's default: 0)
     max_queue_size: int = 256  # texts waiting per model; beyond: RESOURCE_EXHAUSTED
+    stream_interval: int = 1  # streams: first token at once, then a message every N tokens
     max_texts_per_request: int = 64
     max_source_tokens: int = 256
     max_output_tokens: int = 256

@@ -36,7 +36,7 @@ class HostedModel:
         self.cache = SlotCache(spec, cfg.max_batch_size, self.max_source, self.max_output + 1)
         self.scheduler = Scheduler(self.name, self.cache, metrics, spec.eos_id,
                                    max_queue=cfg.max_queue_size, max_encode_tokens=cfg.max_batch_tokens,
-                                   max_encode_batch=cfg.max_batch_size)
+                                   max_encode_batch=cfg.max_batch_size, stream_interval=cfg.stream_interval)
         self.engine = Engine(self.name, self.runtime, self.cache, metrics)
         self.loop = EngineLoop(self.scheduler, self.engine, cfg.max_queue_delay_ms / 1000.0)
         for gauge in (metrics.running, metrics.waiting, metrics.kv_usage):
@@ -107,14 +107,15 @@ class HostedModel:
         return p
 
     def jobs(self, texts: list[str], params: DecodingParams, sink: Callable[[Event], None] | list,
-             deadline: Optional[float], scores: bool = False) -> list[Job]:
+             deadline: Optional[float], scores: bool = False, stream: bool = False) -> list[Job]:
         """Validated jobs for texts; `sink` is one callable for all, or one per text."""
         params = self.check_params(params)
         sinks = sink if isinstance(sink, list) else [sink] * len(texts)
         out = []
         for ids, s in zip(self.encode_texts(texts), sinks):
             budget = params.max_output_tokens or max_output_len(len(ids), self.max_output)
-            out.append(Job(self.name, ids, params, min(budget, self.max_output), s, deadline, scores=scores))
+            out.append(Job(self.name, ids, params, min(budget, self.max_output), s, deadline,
+                           scores=scores, stream=stream))
         return out
 
     def embed_jobs(self, texts: list[str], sinks: list, deadline: Optional[float]) -> list[EmbedJob]:

@@ -68,7 +68,9 @@ class Timing:
 
 @dataclass
 class TokenEvent:
-    """New tokens of hypothesis 0 (streaming order); beam search sends them once, at the end."""
+    """New tokens of hypothesis 0 (streaming jobs only): the first at once, then every
+    `stream_interval` tokens, the rest just before the FinishEvent; beam search sends them
+    once, at the end."""
     token_ids: list[int]
 
 
@@ -101,6 +103,7 @@ class Job:
     timing: Timing = field(default_factory=Timing)
     cancelled: bool = False  # set from the service side; read by the engine thread
     scores: bool = False  # report hypothesis log-probabilities (beam search always has them)
+    stream: bool = False  # send TokenEvents as tokens are decoded (else only the FinishEvent)
 
     def cancel(self) -> None:
         self.cancelled = True

@@ -37,6 +37,7 @@ class Running:
     live: list[bool] = field(default_factory=list)
     ended_by_eos: list[bool] = field(default_factory=list)
     rngs: list = field(default_factory=list)
+    unsent: list[int] = field(default_factory=list)  # streamed tokens held for the next TokenEvent
     step: int = 0
 
     @property
@@ -53,9 +54,13 @@ class StepPlan:
 
 class Scheduler:
     def __init__(self, model: str, cache: SlotCache, metrics: Metrics, eos_id: int,
-                 max_queue: int = 256, max_encode_tokens: int = 4096, max_encode_batch: int = 64):
+                 max_queue: int = 256, max_encode_tokens: int = 4096, max_encode_batch: int = 64,
+                 stream_interval: int = 1):
         self.model, self.cache, self.m = model, cache, metrics.for_model(model)
         self.eos_id = eos_id
+        # Each stream message costs ~100 us of gRPC CPU on both ends (docs/benchmarks/serving_load.md);
+        # under load, sending every N tokens buys that CPU back for decoding.
+        self.stream_interval = max(1, stream_interval)
         self.max_queue, self.max_encode_tokens, self.max_encode_batch = max_queue, max_encode_tokens, max_encode_batch
         self.waiting: collections.deque[Job | EmbedJob] = collections.deque()
         self.running: list[Running] = []
@@ -164,7 +169,7 @@ class Scheduler:
     def _row_update(self, state: Running, logits: np.ndarray, lse: np.ndarray, greedy: list[int],
                     now: float) -> None:
         job = state.job
-        finished_rows, streamed = [], None
+        finished_rows = []
         for i in [i for i, live in enumerate(state.live) if live]:
             row = state.rows[i]
             tok = sample_token(logits[row.slot], job.params, state.rngs[i]) if job.params.sampling \
@@ -176,14 +181,19 @@ class Scheduler:
             else:
                 state.tokens[i].append(tok)
                 row.token = tok
-                streamed = tok if i == 0 else streamed
+                if i == 0 and job.stream:
+                    state.unsent.append(tok)
                 if len(state.tokens[i]) >= job.max_len:
                     state.live[i] = False
             if not state.live[i]:
                 finished_rows.append(row)
         self._observe_token(job, now)
-        if streamed is not None:  # streams follow hypothesis 0
-            job.sink(TokenEvent([streamed]))
+        # Streams follow hypothesis 0: its first token at once, then every stream_interval tokens,
+        # and whatever is held when it ends (before the FinishEvent).
+        if state.unsent and (len(state.tokens[0]) == 1 or len(state.unsent) >= self.stream_interval
+                             or not state.live[0]):
+            job.sink(TokenEvent(state.unsent))
+            state.unsent = []
         self._to_release.extend(finished_rows)
         if not any(state.live):
             hyps = [Hypothesis(t, lp) for t, lp in zip(state.tokens, state.logprob)]
@@ -199,7 +209,8 @@ class Scheduler:
         self._observe_token(job, now)
         if state.beam.finished:
             best = state.beam.best(job.params.num_hypotheses)
-            job.sink(TokenEvent(best[0].tokens))
+            if job.stream:
+                job.sink(TokenEvent(best[0].tokens))
             reason = FinishReason.EOS if best[0].finished_by_eos else FinishReason.LENGTH
             self._to_release.extend(state.rows)
             self._finish(state, [Hypothesis(h.tokens, h.score) for h in best], reason, now)

@@ -154,39 +154,35 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         events: asyncio.Queue = asyncio.Queue()
         relay = relay_for(asyncio.get_running_loop())
         (job,) = model.jobs(self._texts([request.text] if request.text else []), params,
-                            relay.sink(events.put_nowait), deadline_of(context))
+                            relay.sink(events.put_nowait), deadline_of(context), stream=True)
         model.scheduler.submit([job])
         detok = IncrementalDetokenizer(model.tok)
         finished = False
         try:
-            pending, unsent = None, []
+            unsent: list[int] = []  # received, but no visible text yet: rides along with the next message
             while True:
-                event, pending = pending or await events.get(), None
-                if isinstance(event, TokenEvent):
-                    # A slow reader gets the tokens that piled up in one message, not one write each.
-                    ids = list(event.token_ids)
-                    while not events.empty():
-                        nxt = events.get_nowait()
-                        if not isinstance(nxt, TokenEvent):
-                            pending = nxt
-                            break
-                        ids += nxt.token_ids
-                    event = TokenEvent(ids)
-                if isinstance(event, TokenEvent):
-                    unsent += event.token_ids
-                    delta = detok.push(event.token_ids)
-                    if delta:  # tokens with no visible text yet ride along with the next message
+                event, ids = await events.get(), []
+                # Take whatever piled up: a slow reader gets it in one message, not one write each.
+                while isinstance(event, TokenEvent):
+                    ids += event.token_ids
+                    event = events.get_nowait() if not events.empty() else None
+                if isinstance(event, ErrorEvent):
+                    raise event.error
+                unsent += ids
+                if event is None:
+                    delta = detok.push(ids)
+                    if delta:
                         yield pb.TranslateStreamResponse(delta=delta, token_ids=unsent, model=model.name)
                         unsent = []
-                elif isinstance(event, ErrorEvent):
-                    raise event.error
-                else:
-                    finished = True
-                    yield pb.TranslateStreamResponse(
-                        delta=detok.finish(), token_ids=unsent, final=True, finish_reason=FINISH[event.reason],
-                        input_tokens=event.input_tokens, output_tokens=len(event.hypotheses[0].token_ids),
-                        timings=timings(event.timing), model=model.name)
-                    return
+                    continue
+                # The end: tokens that arrived with the FinishEvent go out in the final message.
+                finished = True
+                yield pb.TranslateStreamResponse(
+                    delta=detok.push(ids) + detok.finish(), token_ids=unsent, final=True,
+                    finish_reason=FINISH[event.reason], input_tokens=event.input_tokens,
+                    output_tokens=len(event.hypotheses[0].token_ids), timings=timings(event.timing),
+                    model=model.name)
+                return
         finally:
             if not finished:
                 job.cancel()

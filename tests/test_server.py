@@ -106,6 +106,25 @@ def test_stream_concatenates_to_unary(client):
         assert t.first_token_seconds <= t.total_seconds
 
 
+def test_stream_interval_sends_chunks_that_still_add_up():
+    srv = ServerThread(stream_interval=4, metrics_port=-1).start()
+    try:
+        with TranslatorClient(srv.target, timeout=60) as c:
+            for text in flickr_sentences(8)[:4]:
+                unary = c.translate([text], return_tokens=True).translations[0]
+                msgs = list(c.translate_stream(text))
+                n = len(unary.hypotheses[0].token_ids)
+                assert [t for m in msgs for t in m.token_ids] == list(unary.hypotheses[0].token_ids)
+                assert "".join(m.delta for m in msgs) == unary.hypotheses[0].text
+                assert len(msgs[0].token_ids) == 1  # the first token is not held back
+                # The first token, then chunks of 4 (more only if the reader fell behind), then the final
+                # message (which usually carries the tail): about n/4 messages instead of n + 1.
+                assert len(msgs) <= 2 + (n - 1 + 3) // 4, [len(m.token_ids) for m in msgs]
+                assert msgs[-1].final
+    finally:
+        srv.stop()
+
+
 def test_beam_stream_equals_beam_unary(client):
     text = "A little girl climbs into a wooden playhouse."
     unary = client.translate([text], beam_size=4).translations[0].hypotheses[0].text

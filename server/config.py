@@ -23,6 +23,7 @@ class ServerConfig:
     inter_op_threads: int = 1
     max_batch_size: int = 64  # decode rows (KV cache slots) per model
     max_batch_tokens: int = 4096  # source tokens per encoder pass
+    max_encode_padding: float = 0.15  # admitted texts are encoded in groups padded at most this much
     max_queue_delay_ms: float = 0.0  # idle engine: wait this long for company before encoding (Triton's default: 0)
     max_queue_size: int = 256  # texts waiting per model; beyond: RESOURCE_EXHAUSTED
     stream_interval: int = 1  # streams: first token at once, then a message every N tokens

@@ -22,10 +22,31 @@ def _host(x) -> np.ndarray:
     return x.numpy() if isinstance(x, ort.OrtValue) else x
 
 
+def length_groups(lengths: list[int], max_padding: float) -> list[list[int]]:
+    """Indices in groups of similar length: each group's padding share stays <= max_padding.
+
+    An encoder pass costs (texts x longest text); on CPU a batch of mixed lengths
+    costs more per text than encoding them one by one (test sentences: 0.97 ms
+    per text at 32 padded together vs 0.53 ms alone), so admitted texts are
+    sorted by length and cut wherever padding would exceed the budget.
+    """
+    groups, group, real = [], [], 0
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        n = lengths[i]  # ascending: the longest of the group if added
+        if group and real + n < (1.0 - max_padding) * n * (len(group) + 1):
+            groups.append(group)
+            group, real = [], 0
+        group.append(i)
+        real += n
+    return groups + [group] if group else groups
+
+
 class Engine:
-    def __init__(self, name: str, runtime: OnnxModel, cache: SlotCache, metrics: Metrics):
+    def __init__(self, name: str, runtime: OnnxModel, cache: SlotCache, metrics: Metrics,
+                 max_padding: float = 0.15):
         self.name, self.runtime, self.cache, self.m = name, runtime, cache, metrics.for_model(name)
         self.spec = runtime.spec
+        self.max_padding = max_padding
 
     def _encode(self, seqs: list[list[int]]):
         ids, mask = pad_batch(seqs, self.spec.pad_id)
@@ -37,10 +58,15 @@ class Engine:
         return memory, _host(cross_k), _host(cross_v), mask
 
     def encode(self, jobs: list[Job]) -> list[list[Row]]:
-        """Encode jobs together (padding-masked) and give each its decode rows, primed with BOS."""
-        _, cross_k, cross_v, mask = self._encode([j.src_ids for j in jobs])
-        return [self.cache.allocate(cross_k[:, i], cross_v[:, i], mask[i], job.params.rows, self.spec.bos_id)
-                for i, job in enumerate(jobs)]
+        """Encode jobs (padding-masked, in groups of similar length) and give each its decode rows,
+        primed with BOS; rows come back in the order of `jobs`."""
+        rows: list[list[Row]] = [[] for _ in jobs]
+        for group in length_groups([len(j.src_ids) for j in jobs], self.max_padding):
+            _, cross_k, cross_v, mask = self._encode([jobs[i].src_ids for i in group])
+            for g, i in enumerate(group):
+                rows[i] = self.cache.allocate(cross_k[:, g], cross_v[:, g], mask[g], jobs[i].params.rows,
+                                              self.spec.bos_id)
+        return rows
 
     def embed(self, jobs: list[EmbedJob]) -> np.ndarray:
         """Mean of the encoder states over real (unpadded) positions: (n, D)."""

@@ -37,7 +37,7 @@ class HostedModel:
         self.scheduler = Scheduler(self.name, self.cache, metrics, spec.eos_id,
                                    max_queue=cfg.max_queue_size, max_encode_tokens=cfg.max_batch_tokens,
                                    max_encode_batch=cfg.max_batch_size, stream_interval=cfg.stream_interval)
-        self.engine = Engine(self.name, self.runtime, self.cache, metrics)
+        self.engine = Engine(self.name, self.runtime, self.cache, metrics, cfg.max_encode_padding)
         self.loop = EngineLoop(self.scheduler, self.engine, cfg.max_queue_delay_ms / 1000.0)
         for gauge in (metrics.running, metrics.waiting, metrics.kv_usage):
             gauge.labels(self.name).set(0)

@@ -70,3 +70,18 @@ print("ok")
 """
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_encoder_groups_bound_padding_and_keep_every_text():
+    import random
+
+    from server.engine import length_groups
+    rng = random.Random(0)
+    for _ in range(200):
+        lengths = [rng.randint(1, 60) for _ in range(rng.randint(1, 40))]
+        groups = length_groups(lengths, 0.15)
+        assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+        for g in groups:
+            longest, real = max(lengths[i] for i in g), sum(lengths[i] for i in g)
+            assert len(g) == 1 or real >= 0.85 * longest * len(g)
+    assert length_groups([7, 7, 7, 7], 0.0) == [[0, 1, 2, 3]]  # equal lengths: one pass

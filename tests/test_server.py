@@ -11,6 +11,7 @@ from client import TranslatorClient
 from protos.nmt.v1 import translator_pb2 as pb
 from serving import ServerThread, flickr_sentences
 from server.bundle import discover
+from server.request import DecodingParams, FinishEvent
 from server.runtime import OnnxModel, RuntimeOptions
 from server.static_decode import pad_batch
 
@@ -109,6 +110,23 @@ def test_stream_concatenates_to_unary(client):
 def test_stream_interval_sends_chunks_that_still_add_up():
     srv = ServerThread(stream_interval=4, metrics_port=-1).start()
     try:
+        # Engine side, deterministic: the first token at once, then chunks of 4, the tail before the end.
+        model = srv.app.models["multi30k-en-de-small"]
+        events, done = [], threading.Event()
+
+        def sink(event):
+            events.append(event)
+            if isinstance(event, FinishEvent):
+                done.set()
+        text = flickr_sentences(8)[2]
+        (job,) = model.jobs([text], DecodingParams(), sink, None, stream=True)
+        model.scheduler.submit([job])
+        assert done.wait(30)
+        chunks = [len(e.token_ids) for e in events[:-1]]
+        n = len(events[-1].hypotheses[0].token_ids)
+        assert sum(chunks) == n and chunks[0] == 1 and all(c == 4 for c in chunks[1:-1]) and 1 <= chunks[-1] <= 4
+        # Through gRPC: the chunks still add up to the unary result, in about n/4 messages instead of n + 1
+        # (fewer when a slow reader lets chunks pile up into one message).
         with TranslatorClient(srv.target, timeout=60) as c:
             for text in flickr_sentences(8)[:4]:
                 unary = c.translate([text], return_tokens=True).translations[0]
@@ -116,11 +134,7 @@ def test_stream_interval_sends_chunks_that_still_add_up():
                 n = len(unary.hypotheses[0].token_ids)
                 assert [t for m in msgs for t in m.token_ids] == list(unary.hypotheses[0].token_ids)
                 assert "".join(m.delta for m in msgs) == unary.hypotheses[0].text
-                assert len(msgs[0].token_ids) == 1  # the first token is not held back
-                # The first token, then chunks of 4 (more only if the reader fell behind), then the final
-                # message (which usually carries the tail): about n/4 messages instead of n + 1.
-                assert len(msgs) <= 2 + (n - 1 + 3) // 4, [len(m.token_ids) for m in msgs]
-                assert msgs[-1].final
+                assert msgs[-1].final and len(msgs) <= 2 + (n - 1 + 3) // 4, [len(m.token_ids) for m in msgs]
     finally:
         srv.stop()
 

@@ -19,7 +19,7 @@ from server.kv_cache import SlotCache
 from server.loop import EngineLoop
 from server.metrics import Metrics
 from server.request import DecodingParams, EmbedJob, ErrorEvent, Event, FinishEvent, Job
-from server.runtime import OnnxModel, RuntimeOptions
+from server.runtime import OnnxModel, RuntimeOptions, keep_freed_memory
 from server.scheduler import Scheduler
 
 
@@ -27,6 +27,7 @@ class HostedModel:
     def __init__(self, bundle: Bundle, cfg: ServerConfig, metrics: Metrics):
         self.bundle, self.cfg, self.name = bundle, cfg, bundle.name
         self.tok = SubwordTokenizer.load(bundle.tokenizer_file)
+        keep_freed_memory()
         self.runtime = OnnxModel(bundle, RuntimeOptions(variant=cfg.variant, provider=cfg.provider,
                                                         intra_op_threads=cfg.intra_op_threads,
                                                         inter_op_threads=cfg.inter_op_threads))

@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 
+from server import relay
 from server.engine import Engine
 from server.errors import Internal, Unavailable
 from server.scheduler import Scheduler
@@ -26,6 +27,13 @@ class EngineLoop(threading.Thread):
         self.aborting = threading.Event()
 
     def run(self) -> None:
+        relay.hold_wakeups()  # this thread's events reach the asyncio side once per step
+        try:
+            self._run()
+        finally:
+            relay.flush()
+
+    def _run(self) -> None:
         sched = self.scheduler
         while not (self.stopping.is_set() and sched.idle):
             if self.aborting.is_set():
@@ -45,6 +53,8 @@ class EngineLoop(threading.Thread):
             except Exception as e:  # noqa: BLE001 (an engine bug must not kill the loop)
                 log.exception("engine step failed; failing the running requests")
                 sched.abort_all(Internal(f"internal engine error: {e}"))
+            finally:
+                relay.flush()
 
     def iteration(self, now: float) -> None:
         sched, engine = self.scheduler, self.engine
@@ -57,6 +67,7 @@ class EngineLoop(threading.Thread):
             for job, vec in zip(plan.embed, vectors):
                 job.timing.finished = time.monotonic()
                 job.sink(vec)
+            relay.flush()  # embeddings are done: do not hold them for the decode step
         if engine.cache.used:
             logits = engine.decode_step()
             sched.update(logits, time.monotonic())

@@ -1,11 +1,15 @@
-"""Engine thread -> asyncio loop delivery with one wake-up per batch of events.
+"""Engine thread -> asyncio loop delivery with one wake-up per decode step.
 
 Every decode step produces one event per running stream. Handing each to the
 event loop with its own `call_soon_threadsafe` costs a self-pipe write per
-token on the engine thread and a loop wake-up per token on the gRPC thread;
-at 32 streams that was 7% of the engine thread. A relay queues events and
-schedules a single drain for everything that arrives before the loop gets to
-it, so one step's tokens for all streams cost one wake-up.
+token on the engine thread and a loop wake-up per token on the gRPC thread.
+Worse, each self-pipe write releases the GIL, so the loop wakes between two
+posts and drains one event at a time: waking "only when no drain is pending"
+still gave ~19 wake-ups per step at 32 streams (8% of the engine thread).
+
+So the engine loop holds wake-ups back while it runs a step (`hold_wakeups`)
+and releases them all once at the end (`flush`): one wake-up per loop per step.
+Any other thread that posts (tests, warm-up) wakes the loop at once.
 
 Order is preserved per relay (FIFO), which is what the streams need: a job's
 tokens, then its FinishEvent.
@@ -19,6 +23,8 @@ import threading
 from typing import Any, Callable
 
 log = logging.getLogger(__name__)
+_thread = threading.local()  # .held: set of relays with wake-ups held back by this (engine) thread
+
 
 class EventRelay:
     """Coalescing bridge from any thread into one asyncio event loop."""
@@ -37,17 +43,24 @@ class EventRelay:
             if self._scheduled:
                 return  # a drain is already on its way and will take this item too
             self._scheduled = True
-            self.wakeups += 1
+        held = getattr(_thread, "held", None)
+        if held is not None:
+            held.add(self)  # woken by flush() at the end of the engine step
+        else:
+            self._wake()
+
+    def sink(self, callback: Callable[[Any], None]) -> Callable[[Any], None]:
+        """A job sink that delivers through this relay."""
+        return lambda value: self.post(callback, value)
+
+    def _wake(self) -> None:
+        self.wakeups += 1
         try:
             self.loop.call_soon_threadsafe(self._drain)
         except RuntimeError:  # the loop is closed (shutdown): nobody is left to deliver to
             with self._lock:
                 self._items.clear()
                 self._scheduled = False
-
-    def sink(self, callback: Callable[[Any], None]) -> Callable[[Any], None]:
-        """A job sink that delivers through this relay."""
-        return lambda value: self.post(callback, value)
 
     def _drain(self) -> None:
         with self._lock:
@@ -58,6 +71,21 @@ class EventRelay:
                 callback(value)
             except Exception:  # noqa: BLE001 (one broken consumer must not starve the others)
                 log.exception("event delivery failed")
+
+
+def hold_wakeups() -> None:
+    """From now on, this thread's posts wait for `flush()` (the engine loop calls this once)."""
+    _thread.held = set()
+
+
+def flush() -> None:
+    """Wake every loop that this thread posted to since the last flush."""
+    held = getattr(_thread, "held", None)
+    if held:
+        relays = list(held)
+        held.clear()
+        for relay in relays:
+            relay._wake()
 
 
 _relays: dict[asyncio.AbstractEventLoop, EventRelay] = {}

@@ -1,7 +1,7 @@
 """Serving throughput and latency: the engine in-process vs the same engine behind gRPC.
 
     python -m benchmarks.serving_load [--repository model_repository] [--concurrency 1,8,32,64]
-        [--requests 1000] [--stream-intervals 1,4]
+        [--requests 1000] [--stream-intervals 1,4] [--repeats 3]
 
 Both modes run the same HostedModel code with the same settings, each in its
 own process: "in-process" drives the scheduler directly from asyncio (what
@@ -197,6 +197,20 @@ def plot(results: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def median_run(repeats: list[dict]) -> dict:
+    """Per level, the repeat with the median throughput (its latencies too), plus the spread."""
+    levels = []
+    for i in range(len(repeats[0]["levels"])):
+        cells = sorted((r["levels"][i] for r in repeats), key=lambda lv: lv["tokens_per_s"])
+        levels.append({**cells[len(cells) // 2], "tokens_per_s_range": [cells[0]["tokens_per_s"],
+                                                                         cells[-1]["tokens_per_s"]]})
+    out = {"levels": levels, "repeats": repeats}
+    if "components" in repeats[0]:
+        out["components"] = {key: float(np.median([r["components"][key] for r in repeats]))
+                             for key in repeats[0]["components"]}
+    return out
+
+
 def peak(levels: list[dict]) -> dict:
     return max(levels, key=lambda lv: lv["tokens_per_s"])
 
@@ -205,9 +219,12 @@ def table(run: dict) -> list[str]:
     lines = ["| streams | in-process tok/s | gRPC tok/s | gRPC / in-process | TTFT p50 / p90 (ms) | "
              "message gap p50 / p90 (ms) | e2e p50 / p90 (ms) | CPU us/token: in-process; gRPC server + client "
              "| errors |", "|---|---|---|---|---|---|---|---|---|"]
+    def tps(lv: dict) -> str:
+        lo, hi = lv["tokens_per_s_range"]
+        return f"{lv['tokens_per_s']:,.0f} ({lo:,.0f}–{hi:,.0f})" if hi > lo else f"{lv['tokens_per_s']:,.0f}"
     for a, b in zip(run["inprocess"]["levels"], run["grpc"]["levels"]):
         ca, cb = a["cpu_us_per_token"], b["cpu_us_per_token"]
-        lines.append(f"| {a['concurrency']} | {a['tokens_per_s']:,.0f} | {b['tokens_per_s']:,.0f} | "
+        lines.append(f"| {a['concurrency']} | {tps(a)} | {tps(b)} | "
                      f"{b['tokens_per_s'] / a['tokens_per_s']:.2f} | "
                      f"{b['ttft_ms']['p50']:.1f} / {b['ttft_ms']['p90']:.1f} | "
                      f"{b['itl_ms']['p50']:.1f} / {b['itl_ms']['p90']:.1f} | "
@@ -222,7 +239,8 @@ def render(results: dict, args, argv) -> str:
     base = runs[0]
     comp = base["inprocess"]["components"]
     lines = ["# Serving throughput and latency", "",
-             f"Greedy streams over test_2016_flickr.en, {args.requests}+ requests per level, model "
+             f"Greedy streams over test_2016_flickr.en, {args.requests}+ requests per level, "
+             f"{results['repeats']} repeats alternating the modes (tokens/s: median, range in brackets), model "
              f"`{results['model']}`, decode slots {args.max_batch_size}, ONNX Runtime "
              f"{onnxruntime.__version__}, intra-op threads {args.threads or 'default'} (one pool per process).",
              f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}. "
@@ -278,6 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = default)")
     p.add_argument("--stream-intervals", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4],
                    help="server --stream-interval values to compare; the first is the main table")
+    p.add_argument("--repeats", type=int, default=3, help="sweeps per mode; each cell reports the median")
     p.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "serving_load.md"))
     p.add_argument("--mode", choices=["inprocess", "grpc"], help=argparse.SUPPRESS)
     p.add_argument("--stream-interval", type=int, default=1, help=argparse.SUPPRESS)
@@ -288,16 +307,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(asyncio.run(fn(args, texts))))
         return 0
     from server.bundle import discover
-    results = {"model": discover(args.repository)[0].name, "runs": []}
-    for k in args.stream_intervals:
-        run = {"stream_interval": k}
-        for mode in ("inprocess", "grpc"):
-            print(f"stream interval {k}, {mode}:", file=sys.stderr, flush=True)
-            proc = subprocess.run([sys.executable, "-m", "benchmarks.serving_load", *argv, "--mode", mode,
-                                   "--stream-interval", str(k)], cwd=ROOT, stdout=subprocess.PIPE, text=True,
-                                  check=True)
-            run[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
-        results["runs"].append(run)
+    # Repeats alternate the modes, so slow drift of a shared machine hits both alike.
+    raw: dict = {(k, mode): [] for k in args.stream_intervals for mode in ("inprocess", "grpc")}
+    for rep in range(args.repeats):
+        for k in args.stream_intervals:
+            for mode in ("inprocess", "grpc"):
+                print(f"repeat {rep + 1}/{args.repeats}, stream interval {k}, {mode}:", file=sys.stderr, flush=True)
+                proc = subprocess.run([sys.executable, "-m", "benchmarks.serving_load", *argv, "--mode", mode,
+                                       "--stream-interval", str(k)], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                                      check=True)
+                raw[k, mode].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    results = {"model": discover(args.repository)[0].name, "repeats": args.repeats,
+               "runs": [{"stream_interval": k, **{mode: median_run(raw[k, mode]) for mode in ("inprocess", "grpc")}}
+                        for k in args.stream_intervals]}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(results, indent=1))

@@ -5,6 +5,7 @@ import asyncio
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from server.relay import EventRelay
@@ -37,6 +38,35 @@ def test_relay_keeps_order_and_coalesces_wakeups():
     got, wakeups = asyncio.run(main())
     assert got == list(range(1000))
     assert wakeups == 1  # all 1000 events rode on one wake-up of the loop
+
+
+def test_engine_thread_wakes_the_loop_once_per_step():
+    from server import relay as relay_mod
+
+    async def main():
+        relay = EventRelay(asyncio.get_running_loop())
+        got: list[int] = []
+        sink = relay.sink(got.append)
+        wakeups_before_flush = []
+
+        def engine() -> None:
+            relay_mod.hold_wakeups()
+            for step in range(3):
+                for i in range(10):
+                    sink(10 * step + i)
+                wakeups_before_flush.append(relay.wakeups)
+                relay_mod.flush()
+                time.sleep(0.05)  # the loop drains while the "next step" runs
+        t = threading.Thread(target=engine)
+        t.start()
+        while t.is_alive():
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        return got, relay.wakeups, wakeups_before_flush
+    got, wakeups, before = asyncio.run(main())
+    assert got == list(range(30))
+    assert before == [0, 1, 2]  # nothing wakes the loop until the step flushes
+    assert wakeups == 3  # one per step
 
 
 def test_relay_survives_a_failing_consumer():

@@ -48,6 +48,9 @@ class Metrics:
                                      buckets=STEP_BUCKETS, registry=r)
         self.step_time = Histogram("nmt_decode_step_duration_seconds", "Decoder step duration (all rows).",
                                    ["model"], buckets=STEP_BUCKETS, registry=r)
+        self.stream_messages = Counter("nmt_stream_messages_total",
+                                       "TranslateStream messages sent; each carries one or more tokens.",
+                                       ["model"], registry=r)
 
     def for_model(self, model: str) -> "ModelMetrics":
         return ModelMetrics(self, model)
@@ -63,7 +66,7 @@ class ModelMetrics:
 
     PER_MODEL = ("queue_time", "ttft", "inter_token", "e2e", "input_tokens", "output_tokens", "output_length",
                  "running", "waiting", "kv_usage", "decode_batch", "encode_batch", "padding", "encode_time",
-                 "step_time")
+                 "step_time", "stream_messages")
 
     def __init__(self, metrics: Metrics, model: str):
         for name in self.PER_MODEL:

@@ -142,7 +142,10 @@ class TranslatorService(pb_grpc.TranslatorServicer):
     async def TranslateStream(self, request: pb.TranslateStreamRequest, context) -> None:
         # Written with context.write rather than yield, so errors pass through _guard like the unary RPCs.
         async def produce():
+            sent = None
             async for message in self._stream(request, context):
+                sent = sent or self.metrics.stream_messages.labels(message.model)
+                sent.inc()  # before the write: the client may read the count once it has the message
                 await context.write(message)
         await self._guard("TranslateStream", context, produce)
 

@@ -226,9 +226,12 @@ def test_metrics_move(server, client):
         "nmt_input_tokens_total", "nmt_decode_step_duration_seconds_count", "nmt_encode_duration_seconds_count",
         "nmt_queue_duration_seconds_count", "nmt_encode_padding_ratio_count", "nmt_sequence_duration_seconds_count")}
     ok = server.metric("nmt_requests_total", rpc="Translate", code="OK")
+    messages = server.metric("nmt_stream_messages_total", missing_ok=True)
     client.translate(["A man is riding a bike.", "Two dogs are playing in the snow."])
     for name, value in before.items():
         assert server.metric(name) > value, name
+    n = len(list(client.translate_stream("A man is riding a bike.")))
+    assert server.metric("nmt_stream_messages_total") == messages + n
     assert server.metric("nmt_requests_total", rpc="Translate", code="OK") == ok + 1
     text = server.metrics_text()
     assert 'nmt_request_duration_seconds_bucket{le="0.005",rpc="Translate"}' in text

@@ -22,9 +22,9 @@ import numpy as np
 import onnxruntime as ort
 from onnxruntime.capi import _pybind_state as ort_c
 
-log = logging.getLogger(__name__)
-
 from server.bundle import Bundle
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,21 @@ def component_costs(runtime, tok, texts: Sequence[str], out_len: float) -> dict:
     one = out["step_1_ms"] + out["encode_1_ms"] / out_len
     many = (out["step_32_ms"] + out["encode_32_ms"] / out_len) / 32
     out.update(output_tokens=out_len, ceiling_32_vs_1=one / many)
+    # The TTFT bound: what a lone request's first token needs, i.e. the encoder pass and the first
+    # decode step (empty past) of each test sentence in turn. Repeating one sentence understates it:
+    # every new source length is a new shape for ONNX Runtime (~20% slower than a repeated one).
+    enc, first = [], []
+    empty = np.zeros((s.n_dec_layers, 1, s.n_heads, 0, s.head_dim), np.float32)
+    for src in [tok.encode(t) for t in texts[:64]]:
+        ids, mask = pad_batch([src], s.pad_id)
+        t = time.perf_counter()
+        _, ck, cv = runtime.encode(ids, mask)
+        enc.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        runtime.decode_step(np.array([[s.bos_id]]), np.zeros((1, 1), np.int64), empty, empty,
+                            np.ones((1, 0), bool), ck, cv, mask)
+        first.append(time.perf_counter() - t)
+    out.update(ttft_encode_ms=1e3 * float(np.median(enc)), ttft_step_ms=1e3 * float(np.median(first)))
     return out
 
 
@@ -267,10 +282,11 @@ def render(results: dict, args, argv) -> str:
                      f"({ip['concurrency']} streams) = {100 * gap:.1f}% below (target <= 10%): "
                      f"{'met' if gap <= 0.10 else 'missed'}")
     if 1 in g:
-        bound = comp["encode_1_ms"] + comp["step_1_ms"] + 3.0
+        bound = comp["ttft_encode_ms"] + comp["ttft_step_ms"] + 3.0
         t = g[1]["ttft_ms"]["p50"]
-        lines.append(f"- TTFT p50 at 1 stream (gRPC): {t:.1f} ms vs encoder {comp['encode_1_ms']:.2f} ms + one step "
-                     f"{comp['step_1_ms']:.2f} ms + 3 ms = {bound:.1f} ms: {'met' if t <= bound else 'missed'}")
+        lines.append(f"- TTFT p50 at 1 stream (gRPC): {t:.1f} ms vs encoder {comp['ttft_encode_ms']:.2f} ms + first "
+                     f"step {comp['ttft_step_ms']:.2f} ms + 3 ms = {bound:.1f} ms: {'met' if t <= bound else 'missed'} "
+                     "(ONNX Runtime alone, medians over the test sentences one at a time)")
     lines += ["", "## ONNX Runtime alone (same run, no serving code)", "",
               f"Mean output {comp['output_tokens']:.1f} tokens per request; 32 test sentences; past = half "
               "the output.", "",

@@ -42,12 +42,6 @@ class SlotCache:
         self.src_len = np.zeros(slots, dtype=np.int64)
         self.length = np.zeros(slots, dtype=np.int64)
         self.rows: list[Row] = []  # rows[i].slot == i
-        # Staging for the step's contiguous inputs, reused every step. Fresh arrays of this size
-        # come from mmap: four of them per step cost ~4 ms of page faults at 32 rows, more than
-        # the decoder step itself. The run reads them before the next step refills them.
-        self._stage = {name: np.empty(buf.size, dtype=np.float32)
-                       for name, buf in (("past_k", self.k), ("past_v", self.v),
-                                         ("cross_k", self.cross_k), ("cross_v", self.cross_v))}
 
     # -- occupancy ------------------------------------------------------------
     @property
@@ -123,19 +117,13 @@ class SlotCache:
         return {
             "tokens": np.array([[r.token] for r in self.rows], dtype=np.int64).reshape(b, 1),
             "positions": lengths[:, None].copy(),
-            "past_k": self._staged("past_k", self.k[:, :b, :, :p]),
-            "past_v": self._staged("past_v", self.v[:, :b, :, :p]),
+            "past_k": np.ascontiguousarray(self.k[:, :b, :, :p]),
+            "past_v": np.ascontiguousarray(self.v[:, :b, :, :p]),
             "past_mask": np.arange(p)[None, :] < lengths[:, None],
-            "cross_k": self._staged("cross_k", self.cross_k[:, :b, :, :s]),
-            "cross_v": self._staged("cross_v", self.cross_v[:, :b, :, :s]),
+            "cross_k": np.ascontiguousarray(self.cross_k[:, :b, :, :s]),
+            "cross_v": np.ascontiguousarray(self.cross_v[:, :b, :, :s]),
             "src_mask": np.ascontiguousarray(self.src_mask[:b, :s]),
         }
-
-    def _staged(self, name: str, view: np.ndarray) -> np.ndarray:
-        """A contiguous copy of `view` in the front of a reused buffer."""
-        out = self._stage[name][: view.size].reshape(view.shape)
-        np.copyto(out, view)
-        return out
 
     def append(self, new_k: np.ndarray, new_v: np.ndarray) -> None:
         """new_k, new_v (L, B, H, 1, Dh): each row's entry goes at its own position."""

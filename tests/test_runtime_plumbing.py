@@ -86,14 +86,17 @@ def test_relay_survives_a_failing_consumer():
 def test_sessions_share_one_process_wide_pool():
     # A fresh interpreter: the pool can only be created before ONNX Runtime starts.
     code = """
+import os
 import numpy as np
-from server import runtime
 from server.bundle import discover
 from server.runtime import OnnxModel, RuntimeOptions
 bundle = discover("model_repository")[0]
-a = OnnxModel(bundle, RuntimeOptions(provider="cpu", intra_op_threads=1))
-b = OnnxModel(bundle, RuntimeOptions(provider="cpu", intra_op_threads=1))
-assert runtime._shared_pool == {"threads": 1}, runtime._shared_pool
+threads = lambda: len(os.listdir("/proc/self/task"))  # noqa: E731
+before = threads()
+a = OnnxModel(bundle, RuntimeOptions(provider="cpu", intra_op_threads=2))
+b = OnnxModel(bundle, RuntimeOptions(provider="cpu", intra_op_threads=2))
+# Four sessions, one pool: one worker thread in all (per-session pools would start four).
+assert threads() - before == 1, threads() - before
 ids, mask = np.array([[5, 6, 7]]), np.ones((1, 3), bool)
 assert np.array_equal(a.encode(ids, mask)[0], b.encode(ids, mask)[0])
 print("ok")

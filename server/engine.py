@@ -42,8 +42,7 @@ def length_groups(lengths: list[int], max_padding: float) -> list[list[int]]:
 
 
 class Engine:
-    def __init__(self, name: str, runtime: OnnxModel, cache: SlotCache, metrics: Metrics,
-                 max_padding: float = 0.15):
+    def __init__(self, name: str, runtime: OnnxModel, cache: SlotCache, metrics: Metrics, max_padding: float):
         self.name, self.runtime, self.cache, self.m = name, runtime, cache, metrics.for_model(name)
         self.spec = runtime.spec
         self.max_padding = max_padding

@@ -11,12 +11,14 @@ import time
 import urllib.request
 from pathlib import Path
 
+from models.data import multi30k_file
 from server.app import TranslationServer
 from server.config import ServerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 REPOSITORY = ROOT / "model_repository"
 SHARED = ROOT.parent / "shared" / "data" / "multi30k"
+FIXTURE = ROOT / "tests" / "data" / "test_2016_flickr.head200.en"  # the first 200 lines (tests/data/README.md)
 
 
 class ServerThread:
@@ -97,7 +99,14 @@ class ServerThread:
 
 
 def flickr_sentences(n: int) -> list[str]:
-    return (SHARED / "test_2016_flickr.en").read_text(encoding="utf-8").splitlines()[:n]
+    """The first n test_2016_flickr English sentences: from the local copy beside the checkout
+    (checksum-verified by the project's loader) or, without one, from the committed head of the file."""
+    text = multi30k_file("test_2016_flickr.en", data_dir=SHARED) if SHARED.exists() \
+        else FIXTURE.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    if n > len(lines):
+        raise ValueError(f"asked for {n} sentences; the fixture has {len(lines)}")
+    return lines[:n]
 
 
 def start_subprocess(port: int, metrics_port: int, *extra: str) -> subprocess.Popen:

@@ -102,3 +102,11 @@ def test_token_batches_respect_budget_and_cover_everything():
     assert pad / sum(tgt) < 0.15
     assert token_batches(src, tgt, 200, shuffle=True, seed=3) == batches  # seeded
     assert token_batches(src, tgt, 200, shuffle=True, seed=4) != batches
+
+
+@needs_shared
+def test_committed_fixture_is_the_head_of_the_test_set():
+    from models.data import multi30k_file
+    real = multi30k_file("test_2016_flickr.en", data_dir=SHARED / "multi30k").splitlines()
+    fixture = (Path(__file__).parent / "data" / "test_2016_flickr.head200.en").read_text(encoding="utf-8")
+    assert fixture.splitlines() == real[:200]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import socket
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from typing import Sequence
 
 import grpc
 
+from benchmarks.serving_load import cpu_seconds
 from protos.nmt.v1 import translator_pb2 as pb
 from protos.nmt.v1 import translator_pb2_grpc as pb_grpc
 
@@ -42,14 +42,6 @@ async def serve(port: int) -> None:
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     await server.wait_for_termination()
-
-
-def cpu_seconds(pid: int | None = None) -> float:
-    if pid is None:
-        t = os.times()
-        return t.user + t.system
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def level(port: int, server_pid: int, streams: int, per_call: int, total: int) -> dict:

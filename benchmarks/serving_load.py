@@ -40,7 +40,7 @@ def free_port() -> int:
 def server_flags(args) -> list[str]:
     return ["--model-repository", args.repository, "--max-batch-size", str(args.max_batch_size),
             "--max-queue-size", "1024", "--intra-op-threads", str(args.threads),
-            "--stream-interval", str(args.stream_interval)]
+            "--stream-interval", str(args.stream_interval), "--provider", args.provider, "--variant", args.variant]
 
 
 def cpu_seconds(pid: int | None = None) -> float:
@@ -309,6 +309,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=1000, help="streams per level (steady state, not ramp-up)")
     p.add_argument("--max-seconds", type=float, default=90.0)
     p.add_argument("--max-batch-size", type=int, default=64)
+    p.add_argument("--provider", default="auto", choices=["auto", "cpu", "cuda"], help="server execution provider")
+    p.add_argument("--variant", default="fp32", help="bundle variant the server runs (fp32, int8, fp16)")
     p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = default)")
     p.add_argument("--stream-intervals", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4],
                    help="server --stream-interval values to compare; the first is the main table")

@@ -7,12 +7,13 @@ import signal
 import sys
 from typing import Sequence
 
-from server.app import TranslationServer
+from server.app import EXIT_ENGINE_FAILED, ConfigError, TranslationServer
 from server.bundle import BundleError
 from server.config import ServerConfig
 
 
-async def serve(cfg: ServerConfig) -> None:
+async def serve(cfg: ServerConfig) -> int:
+    """Serve until SIGTERM/SIGINT (drain, exit 0) or an engine failure (exit EXIT_ENGINE_FAILED)."""
     app = TranslationServer(cfg)
     await app.start()
     print(f"nmt-serve: gRPC on {cfg.host}:{app.port}, metrics on :{app.metrics_port or '-'}, "
@@ -24,17 +25,17 @@ async def serve(cfg: ServerConfig) -> None:
     await app.wait()
     if stopping:
         await stopping[0]
+    return EXIT_ENGINE_FAILED if app.engine_failure else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = ServerConfig.from_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        asyncio.run(serve(cfg))
-    except BundleError as e:
+        return asyncio.run(serve(cfg))
+    except (BundleError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    return 0
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 import grpc
@@ -10,15 +12,21 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from protos.nmt.v1 import translator_pb2 as pb
-from protos.nmt.v1 import translator_pb2_grpc as pb_grpc
 from server.bundle import discover
 from server.config import ServerConfig
+from server.errors import Unavailable
 from server.hosted import HostedModel
 from server.metrics import Metrics
 from server.service import TranslatorService
+from server.wire import add_translator_service
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Translator"].full_name
+EXIT_ENGINE_FAILED = 3  # the process exit status after the watchdog fired (a supervisor restarts it)
+
+
+class ConfigError(ValueError):
+    """Settings that contradict each other; the message lists every problem."""
 
 
 class TranslationServer:
@@ -32,10 +40,15 @@ class TranslationServer:
         self.metrics_port = 0
         self._metrics_http = None
         self._stopped = asyncio.Event()
+        self._watchdog: Optional[asyncio.Task] = None
+        self.engine_failure: Optional[str] = None  # set by the watchdog; the process then exits non-zero
 
     async def start(self) -> int:
         """Load and warm every model, then serve; health turns SERVING last. Returns the bound port."""
         cfg = self.cfg
+        problems = cfg.problems()
+        if problems:
+            raise ConfigError("invalid settings: " + "; ".join(problems))
         loop = asyncio.get_running_loop()
         for bundle in discover(cfg.model_repository):
             model = HostedModel(bundle, cfg, self.metrics)
@@ -46,9 +59,12 @@ class TranslationServer:
         default = cfg.default_model or sorted(self.models)[0]
         if default not in self.models:
             raise ValueError(f"--default-model {default!r} is not in {sorted(self.models)}")
-        self.service = TranslatorService(self.models, default, cfg.max_texts_per_request, self.metrics)
-        self.server = grpc.aio.server(options=[("grpc.max_receive_message_length", 16 << 20)])
-        pb_grpc.add_TranslatorServicer_to_server(self.service, self.server)
+        self.executor = ThreadPoolExecutor(cfg.workers, thread_name_prefix="nmt-prep")
+        self.service = TranslatorService(self.models, default, cfg.max_texts_per_request, cfg.max_text_chars,
+                                         self.metrics, self.executor)
+        # Oversized messages are refused by grpc before they are parsed (RESOURCE_EXHAUSTED).
+        self.server = grpc.aio.server(options=[("grpc.max_receive_message_length", cfg.max_request_bytes)])
+        add_translator_service(self.service, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
@@ -61,7 +77,35 @@ class TranslationServer:
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("serving %s on port %d (metrics on %s)", sorted(self.models), self.port, self.metrics_port or "-")
+        self._watchdog = asyncio.create_task(self._watch())
         return self.port
+
+    # -- watchdog -----------------------------------------------------------------------
+    def _engine_problem(self, now: float) -> Optional[str]:
+        for name, model in self.models.items():
+            loop = model.loop
+            if not loop.is_alive():
+                return f"the engine loop of {name} has died"
+            if not model.scheduler.idle and now - loop.heartbeat > self.cfg.watchdog_s:
+                return f"the engine loop of {name} made no progress for {now - loop.heartbeat:.1f} s with work waiting"
+        return None
+
+    async def _watch(self) -> None:
+        """A dead or stuck engine must not leave requests waiting forever behind a SERVING health
+        status: fail everything with UNAVAILABLE, report NOT_SERVING and stop, so the process exits
+        non-zero and its supervisor restarts it (the failure modes of vLLM #5901, TGI #2192)."""
+        period = min(1.0, self.cfg.watchdog_s / 4)
+        while not self._stopped.is_set():
+            await asyncio.sleep(period)
+            problem = self._engine_problem(time.monotonic())
+            if problem and not self._stopped.is_set():
+                self.engine_failure = problem
+                log.error("watchdog: %s; failing all requests and shutting down", problem)
+                error = Unavailable(f"the server's engine failed ({problem}); retry on another replica")
+                for model in self.models.values():
+                    model.scheduler.fail_everything(error)
+                await self.stop(grace=0.0)
+                return
 
     async def stop(self, grace: Optional[float] = None) -> None:
         """NOT_SERVING at once, refuse new work (UNAVAILABLE), let in-flight work finish within the grace period."""
@@ -74,6 +118,7 @@ class TranslationServer:
         loop = asyncio.get_running_loop()
         await asyncio.gather(*(loop.run_in_executor(None, m.stop, grace) for m in self.models.values()))
         await self.server.stop(1.0)
+        self.executor.shutdown(wait=False, cancel_futures=True)
         if self._metrics_http:
             self._metrics_http[0].shutdown()
 

@@ -28,12 +28,15 @@ class ServerConfig:
     max_queue_size: int = 256  # texts waiting per model; beyond: RESOURCE_EXHAUSTED
     stream_interval: int = 1  # streams: first token at once, then a message every N tokens
     max_texts_per_request: int = 64
+    max_text_chars: int = 10_000  # per text, checked before tokenisation (256 tokens fit in far fewer)
+    max_request_bytes: int = 4 << 20  # gRPC receive limit; larger messages get RESOURCE_EXHAUSTED unparsed
     max_source_tokens: int = 256
     max_output_tokens: int = 256
     max_beam_size: int = 8
     max_hypotheses: int = 8
     grace_period_s: float = 10.0
-    workers: int = 16  # threads for gRPC handlers' blocking work (tokenisation)
+    workers: int = 4  # threads for the handlers' blocking work (validation, tokenisation), off the event loop
+    watchdog_s: float = 30.0  # no engine step for this long with work waiting: NOT_SERVING, fail requests, exit 3
     warmup: bool = True
 
     @classmethod
@@ -55,6 +58,40 @@ class ServerConfig:
     @classmethod
     def from_args(cls, argv: Optional[Sequence[str]] = None) -> "ServerConfig":
         return cls(**vars(cls.parser().parse_args(argv)))
+
+    def problems(self) -> list[str]:
+        """Settings that contradict each other or make a legal request unservable, all at once.
+
+        Each of these once let a request that passes every check wait forever or be refused
+        with "retry later": a queue smaller than one request, an encoder budget smaller than
+        one legal text. (A beam wider than the decode slots is refused per request, with a
+        message that says so.)
+        """
+        out = []
+        for name in ("port", "max_batch_size", "max_batch_tokens", "max_queue_size", "stream_interval",
+                     "max_texts_per_request", "max_text_chars", "max_request_bytes", "max_source_tokens",
+                     "max_output_tokens", "max_beam_size", "max_hypotheses", "workers"):
+            if getattr(self, name) < (0 if name == "port" else 1):
+                out.append(f"--{_flag(name)} must be >= {0 if name == 'port' else 1} (got {getattr(self, name)})")
+        if self.max_queue_size < self.max_texts_per_request:
+            out.append(f"--max-queue-size {self.max_queue_size} is below --max-texts-per-request "
+                       f"{self.max_texts_per_request}: a legal request could never be queued")
+        if self.max_batch_tokens < self.max_source_tokens:
+            out.append(f"--max-batch-tokens {self.max_batch_tokens} is below --max-source-tokens "
+                       f"{self.max_source_tokens}: a legal text could never be encoded")
+        if not 0.0 <= self.max_encode_padding < 1.0:
+            out.append(f"--max-encode-padding must be in [0, 1) (got {self.max_encode_padding})")
+        if self.max_queue_delay_ms < 0 or self.grace_period_s < 0 or self.watchdog_s <= 0:
+            out.append("--max-queue-delay-ms and --grace-period-s must be >= 0, --watchdog-s > 0")
+        if self.variant not in ("fp32", "int8", "fp16"):
+            out.append(f"--variant must be fp32, int8 or fp16 (got {self.variant!r})")
+        if self.provider not in ("auto", "cpu", "cuda"):
+            out.append(f"--provider must be auto, cpu or cuda (got {self.provider!r})")
+        return out
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
 
 
 def _bool(text: str | bool) -> bool:

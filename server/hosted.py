@@ -93,14 +93,13 @@ class HostedModel:
             problems.append(f"num_hypotheses {p.num_hypotheses} exceeds the limit {self.cfg.max_hypotheses}")
         if p.rows > self.cache.capacity:
             problems.append(f"the request needs {p.rows} decode slots; the server has {self.cache.capacity}")
-        if not 0.0 <= p.temperature <= 100.0:
-            problems.append(f"temperature {p.temperature} must be in [0, 100]")
-        if not 0.0 <= p.top_p <= 1.0:
-            problems.append(f"top_p {p.top_p} must be in [0, 1]")
+        # Range checks written as `lo <= x <= hi` are False for NaN, so NaN and +-inf fail them all.
+        for name, value, lo, hi in (("temperature", p.temperature, 0.0, 100.0), ("top_p", p.top_p, 0.0, 1.0),
+                                    ("length_penalty", p.length_penalty, 0.0, 10.0)):
+            if not lo <= value <= hi:
+                problems.append(f"{name} {value} must be a finite number in [{lo:g}, {hi:g}]")
         if p.top_k < 0:
             problems.append(f"top_k {p.top_k} must be >= 0")
-        if not 0.0 <= p.length_penalty <= 10.0:
-            problems.append(f"length_penalty {p.length_penalty} must be in [0, 10]")
         if p.max_output_tokens > self.max_output:
             problems.append(f"max_output_tokens {p.max_output_tokens} exceeds the limit {self.max_output}")
         if problems:

@@ -25,6 +25,8 @@ class EngineLoop(threading.Thread):
         self.max_queue_delay = max_queue_delay
         self.stopping = threading.Event()
         self.aborting = threading.Event()
+        # Last time the loop went round (idle waits included): the watchdog's evidence of progress.
+        self.heartbeat = time.monotonic()
 
     def run(self) -> None:
         relay.hold_wakeups()  # this thread's events reach the asyncio side once per step
@@ -36,6 +38,7 @@ class EngineLoop(threading.Thread):
     def _run(self) -> None:
         sched = self.scheduler
         while not (self.stopping.is_set() and sched.idle):
+            self.heartbeat = time.monotonic()
             if self.aborting.is_set():
                 sched.abort_all(Unavailable("the server shut down before this request finished"))
                 break
@@ -49,14 +52,16 @@ class EngineLoop(threading.Thread):
                 time.sleep(self.max_queue_delay / 4)
                 continue
             try:
-                self.iteration(now)
+                if not self.iteration(now):  # work waits but none could start: sleep, never spin
+                    sched.wait_for_work(0.05, stalled=True)
             except Exception as e:  # noqa: BLE001 (an engine bug must not kill the loop)
                 log.exception("engine step failed; failing the running requests")
                 sched.abort_all(Internal(f"internal engine error: {e}"))
             finally:
                 relay.flush()
 
-    def iteration(self, now: float) -> None:
+    def iteration(self, now: float) -> bool:
+        """One schedule -> execute -> update round; False if there was nothing to run."""
         sched, engine = self.scheduler, self.engine
         plan = sched.schedule(now)
         if plan.encode:
@@ -68,9 +73,11 @@ class EngineLoop(threading.Thread):
                 job.timing.finished = time.monotonic()
                 job.sink(vec)
             relay.flush()  # embeddings are done: do not hold them for the decode step
-        if engine.cache.used:
-            logits = engine.decode_step()
-            sched.update(logits, time.monotonic())
+        if not engine.cache.used:
+            return bool(plan.encode or plan.embed)
+        logits = engine.decode_step()
+        sched.update(logits, time.monotonic())
+        return True
 
     def stop(self, grace: float) -> None:
         """Refuse new work, let running and queued work finish for `grace` seconds, then fail the rest."""

@@ -20,7 +20,7 @@ from typing import Optional
 import numpy as np
 
 from server.beam import BeamState, log_softmax, logsumexp
-from server.errors import Cancelled, DeadlineExceeded, ResourceExhausted, Unavailable
+from server.errors import Cancelled, DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable
 from server.kv_cache import Row, SlotCache
 from server.metrics import Metrics
 from server.request import EmbedJob, ErrorEvent, FinishEvent, FinishReason, Hypothesis, Job, TokenEvent
@@ -74,6 +74,8 @@ class Scheduler:
         with self.lock:
             if self.closed:
                 raise Unavailable("the server is shutting down and accepts no new work")
+            if len(jobs) > self.max_queue:  # could never fit, however long the client waits
+                raise InvalidArgument(f"{len(jobs)} texts in one request exceed the queue size {self.max_queue}")
             if len(self.waiting) + len(jobs) > self.max_queue:
                 raise ResourceExhausted(f"queue full: {len(self.waiting)} texts waiting, limit {self.max_queue}; "
                                         "retry later")
@@ -91,9 +93,11 @@ class Scheduler:
         return not self.waiting and not self.running
 
     # -- engine loop side ---------------------------------------------------------
-    def wait_for_work(self, timeout: float) -> None:
+    def wait_for_work(self, timeout: float, stalled: bool = False) -> None:
+        """Sleep until a submit (or close), at most `timeout`: when idle, or when `stalled`
+        (waiting work that cannot be admitted and nothing running: never spin on it)."""
         with self.lock:
-            if self.idle and not self.closed:
+            if (self.idle or stalled) and not self.closed:
                 self.wakeup.wait(timeout)
 
     def oldest_wait(self, now: float) -> float:
@@ -116,7 +120,10 @@ class Scheduler:
                 rows = job.params.rows if isinstance(job, Job) else 0
                 size = len(job.src_ids)
                 batch = len(plan.encode) + len(plan.embed)
-                fits = rows <= free and tokens + size <= self.max_encode_tokens and batch < self.max_encode_batch
+                # A text over the encoder budget is encoded alone rather than never (start-up refuses
+                # a budget below --max-source-tokens; this keeps the queue moving whatever the limits).
+                fits = rows <= free and batch < self.max_encode_batch \
+                    and (tokens + size <= self.max_encode_tokens or batch == 0)
                 if not fits or kept:  # FIFO: nobody overtakes a job that did not fit
                     kept.append(job)
                     continue
@@ -252,6 +259,21 @@ class Scheduler:
                            else DeadlineExceeded(f"deadline exceeded after {state.step} decode steps"))
         self.m.running.set(len(self.running))
         self.m.kv_usage.set(self.cache.usage())
+
+    def fail_everything(self, error: Exception) -> int:
+        """From any thread, when the engine loop is dead or stuck: close the queue and fail every
+        waiting and running job at once. Running state is left to the engine thread (it may be
+        stuck inside it); the jobs are only marked cancelled, so a loop that wakes up drops them.
+        Returns how many jobs were failed."""
+        with self.lock:
+            self.closed = True
+            waiting, self.waiting = list(self.waiting), collections.deque()
+            running = [st.job for st in list(self.running)]
+        for job in waiting + running:
+            job.cancel()
+            self._fail(job, error)
+        self.m.waiting.set(0)
+        return len(waiting) + len(running)
 
     def abort_all(self, error: Exception) -> None:
         """Shutdown after the grace period: fail whatever is left."""

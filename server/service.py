@@ -8,7 +8,10 @@ recorded. Results come back from the engine thread through the loop's EventRelay
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from concurrent.futures import Executor
+from functools import partial
 from typing import AsyncIterator, Awaitable, Callable, Optional
 
 import grpc
@@ -17,11 +20,20 @@ import numpy as np
 from protos.nmt.v1 import translator_pb2 as pb
 from protos.nmt.v1 import translator_pb2_grpc as pb_grpc
 from server.detok import IncrementalDetokenizer
-from server.errors import InvalidArgument, NotFound, ServiceError, Unavailable
+from server.errors import InvalidArgument, NotFound, ServiceError, Unavailable, bounded, shown
 from server.hosted import HostedModel
 from server.metrics import Metrics
 from server.relay import relay_for
 from server.request import DecodingParams, ErrorEvent, FinishEvent, FinishReason, TokenEvent
+from server.wire import Malformed
+
+try:  # raised by grpc when a status or message is sent on a call that is already over
+    from grpc._cython.cygrpc import ExecuteBatchError
+except ImportError:  # pragma: no cover (moved in some grpc release: nothing to catch then)
+    class ExecuteBatchError(Exception):
+        pass
+
+log = logging.getLogger(__name__)
 
 FINISH = {FinishReason.EOS: pb.FINISH_REASON_EOS, FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
           FinishReason.CANCELLED: pb.FINISH_REASON_CANCELLED}
@@ -31,7 +43,8 @@ def decoding_params(o: pb.DecodingOptions) -> DecodingParams:
     return DecodingParams(
         beam_size=max(o.beam_size, 1),
         length_penalty=o.length_penalty if o.HasField("length_penalty") else 1.0,
-        temperature=o.temperature, top_k=o.top_k, top_p=o.top_p if o.top_p > 0 else 1.0,
+        # 0 is proto3's "unset" for top_p; any other value, negative and NaN included, is checked as sent.
+        temperature=o.temperature, top_k=o.top_k, top_p=o.top_p if o.top_p != 0 else 1.0,
         seed=o.seed if o.HasField("seed") else None,
         max_output_tokens=o.max_output_tokens, num_hypotheses=max(o.num_hypotheses, 1))
 
@@ -80,24 +93,52 @@ def timings(t) -> pb.Timings:
     return pb.Timings(queue_seconds=s["queue"], first_token_seconds=s["first_token"], total_seconds=s["total"])
 
 
+def _call_over(context) -> Optional[grpc.StatusCode]:
+    """DEADLINE_EXCEEDED or CANCELLED when the call is already over (grpc core answered the client),
+    else None. A status sent on such a call fails inside grpc with a logged traceback."""
+    remaining = context.time_remaining()
+    if remaining is not None and remaining <= 0:
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+    if context.done() or context.cancelled():
+        return grpc.StatusCode.CANCELLED
+    return None
+
+
 class TranslatorService(pb_grpc.TranslatorServicer):
-    def __init__(self, models: dict[str, HostedModel], default: str, max_texts: int, metrics: Metrics):
+    def __init__(self, models: dict[str, HostedModel], default: str, max_texts: int, max_text_chars: int,
+                 metrics: Metrics, executor: Optional[Executor] = None):
         self.models, self.default, self.max_texts, self.metrics = models, default, max_texts, metrics
+        self.max_text_chars = max_text_chars
+        # Tokenisation and validation run here, never on the event loop: a request of many long
+        # texts took seconds there and stalled every other RPC, health checks included.
+        self.executor = executor
         self.accepting = True
 
     # -- the one place for status codes and request metrics ------------------------
-    async def _guard(self, rpc: str, context, work: Callable[[], Awaitable]):
+    async def _guard(self, rpc: str, request, context, work: Callable[[], Awaitable]):
         t0, code = time.perf_counter(), grpc.StatusCode.OK
         try:
+            if isinstance(request, Malformed):
+                raise InvalidArgument(f"malformed request: not a valid {request.type_name} "
+                                      f"({request.reason}; {request.size} bytes)")
             if not self.accepting:
                 raise Unavailable("the server is shutting down")
             return await work()
         except ServiceError as e:
-            code = e.code
-            await context.abort(e.code, str(e))
-        except asyncio.CancelledError:
-            code = grpc.StatusCode.CANCELLED
+            code = _call_over(context) or e.code
+            if code != e.code:  # nobody is listening: fail quietly, as a cancelled call does
+                raise asyncio.CancelledError() from None
+            await context.abort(e.code, bounded(str(e)))
+        except (asyncio.CancelledError, ExecuteBatchError):
+            # The client cancelled, the deadline passed, or a write found the call gone.
+            code = _call_over(context) or grpc.StatusCode.CANCELLED
+            raise asyncio.CancelledError() from None
+        except grpc.aio.AbortError:
             raise
+        except Exception as e:  # noqa: BLE001 (a bug: answer INTERNAL, log once, keep serving)
+            code = grpc.StatusCode.INTERNAL
+            log.exception("%s failed", rpc)
+            await context.abort(code, bounded(f"internal error ({type(e).__name__}); see the server log"))
         finally:
             self.metrics.requests.labels(rpc, code.name).inc()
             self.metrics.request_latency.labels(rpc).observe(time.perf_counter() - t0)
@@ -105,26 +146,34 @@ class TranslatorService(pb_grpc.TranslatorServicer):
     def _model(self, name: str) -> HostedModel:
         model = self.models.get(name or self.default)
         if model is None:
-            raise NotFound(f"unknown model {name!r}; loaded: {sorted(self.models)}")
+            raise NotFound(f"unknown model {shown(name)}; loaded: {sorted(self.models)}")
         return model
 
     def _texts(self, texts) -> list[str]:
+        """Cheap checks (count, characters) before any tokenisation."""
         if not texts:
             raise InvalidArgument("texts is empty: send at least one text")
         if len(texts) > self.max_texts:
             raise InvalidArgument(f"{len(texts)} texts in one request; the limit is {self.max_texts}")
+        long = [i for i, t in enumerate(texts) if len(t) > self.max_text_chars]
+        if long:
+            raise InvalidArgument(f"{len(long)} text(s) longer than {self.max_text_chars} characters "
+                                  f"(first: texts[{long[0]}], {len(texts[long[0]])} characters)")
         return list(texts)
+
+    async def _off_loop(self, fn, *args, **kwargs):
+        return await asyncio.get_running_loop().run_in_executor(self.executor, partial(fn, *args, **kwargs))
 
     # -- RPCs -------------------------------------------------------------------------
     async def Translate(self, request: pb.TranslateRequest, context) -> pb.TranslateResponse:
-        return await self._guard("Translate", context, lambda: self._translate(request, context))
+        return await self._guard("Translate", request, context, lambda: self._translate(request, context))
 
     async def _translate(self, request: pb.TranslateRequest, context) -> pb.TranslateResponse:
         model = self._model(request.model)
         texts = self._texts(request.texts)
         futures, sinks = _futures(len(texts))
-        jobs = model.jobs(texts, decoding_params(request.options), sinks, deadline_of(context),
-                          scores=request.return_scores)
+        jobs = await self._off_loop(model.jobs, texts, decoding_params(request.options), sinks,
+                                    deadline_of(context), scores=request.return_scores)
         results: list[FinishEvent] = await _run(model, jobs, futures)
         out = pb.TranslateResponse(model=model.name)
         for res in results:
@@ -147,7 +196,7 @@ class TranslatorService(pb_grpc.TranslatorServicer):
                 sent = sent or self.metrics.stream_messages.labels(message.model)
                 sent.inc()  # before the write: the client may read the count once it has the message
                 await context.write(message)
-        await self._guard("TranslateStream", context, produce)
+        await self._guard("TranslateStream", request, context, produce)
 
     async def _stream(self, request: pb.TranslateStreamRequest, context) -> AsyncIterator:
         model = self._model(request.model)
@@ -156,8 +205,8 @@ class TranslatorService(pb_grpc.TranslatorServicer):
             raise InvalidArgument("streaming returns one hypothesis: num_hypotheses must be 0 or 1")
         events: asyncio.Queue = asyncio.Queue()
         relay = relay_for(asyncio.get_running_loop())
-        (job,) = model.jobs(self._texts([request.text] if request.text else []), params,
-                            relay.sink(events.put_nowait), deadline_of(context), stream=True)
+        (job,) = await self._off_loop(model.jobs, self._texts([request.text] if request.text else []), params,
+                                      relay.sink(events.put_nowait), deadline_of(context), stream=True)
         model.scheduler.submit([job])
         detok = IncrementalDetokenizer(model.tok)
         finished = False
@@ -191,13 +240,13 @@ class TranslatorService(pb_grpc.TranslatorServicer):
                 job.cancel()
 
     async def Embed(self, request: pb.EmbedRequest, context) -> pb.EmbedResponse:
-        return await self._guard("Embed", context, lambda: self._embed(request, context))
+        return await self._guard("Embed", request, context, lambda: self._embed(request, context))
 
     async def _embed(self, request: pb.EmbedRequest, context) -> pb.EmbedResponse:
         model = self._model(request.model)
         texts = self._texts(request.texts)
         futures, sinks = _futures(len(texts))
-        jobs = model.embed_jobs(texts, sinks, deadline_of(context))
+        jobs = await self._off_loop(model.embed_jobs, texts, sinks, deadline_of(context))
         vectors = await _run(model, jobs, futures)
         out = pb.EmbedResponse(model=model.name, dimension=model.bundle.spec.d_model)
         for job, vec in zip(jobs, vectors):
@@ -212,4 +261,4 @@ class TranslatorService(pb_grpc.TranslatorServicer):
             for name in sorted(self.models):
                 out.models.add(is_default=name == self.default, **self.models[name].info())
             return out
-        return await self._guard("ListModels", context, work)
+        return await self._guard("ListModels", request, context, work)

@@ -113,3 +113,39 @@ def start_subprocess(port: int, metrics_port: int, *extra: str) -> subprocess.Po
     return subprocess.Popen([sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port),
                              "--metrics-port", str(metrics_port), *extra], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+class EngineGate:
+    """Holds a model's engine loop before its next iteration until released: lets a test line
+    up queue and stream states exactly, instead of racing the engine.
+
+        with EngineGate(model, let_through=1) as gate:   # one iteration runs, the next one waits
+            ...
+            gate.open()
+    """
+
+    def __init__(self, model, let_through: int = 0, timeout: float = 30.0):
+        self.loop, self.let_through, self.timeout = model.loop, let_through, timeout
+        self.released = threading.Event()
+        self.held = threading.Event()  # the engine is waiting at the gate now
+        self.timed_out = False
+        self.calls = 0
+
+    def __enter__(self) -> "EngineGate":
+        inner = type(self.loop).iteration.__get__(self.loop)
+
+        def gated(now):
+            self.calls += 1
+            if self.calls > self.let_through and not self.released.is_set():
+                self.held.set()
+                self.timed_out = not self.released.wait(self.timeout)
+            return inner(now)
+        self.loop.iteration = gated
+        return self
+
+    def open(self) -> None:
+        self.released.set()
+
+    def __exit__(self, *exc) -> None:
+        self.released.set()
+        del self.loop.iteration  # back to the class's method

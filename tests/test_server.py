@@ -9,7 +9,7 @@ import pytest
 
 from client import TranslatorClient
 from protos.nmt.v1 import translator_pb2 as pb
-from serving import ServerThread, flickr_sentences
+from serving import EngineGate, ServerThread, flickr_sentences
 from server.bundle import discover
 from server.request import DecodingParams, FinishEvent
 from server.runtime import OnnxModel, RuntimeOptions
@@ -92,17 +92,26 @@ def test_batched_equals_one_at_a_time(server, client, beam):
     assert differing <= 2
 
 
-def test_stream_concatenates_to_unary(client):
+def test_stream_concatenates_to_unary(server, client):
+    model = server.app.models["multi30k-en-de-small"]
     for text in flickr_sentences(12)[4:]:
         unary = client.translate([text], return_tokens=True).translations[0]
-        msgs = list(client.translate_stream(text))
+        # Really incremental, and deterministic: the engine runs one iteration (encoder pass and
+        # the first token), then waits at the gate until the client holds the first message. A
+        # slow reader would otherwise find several tokens (or the whole text) coalesced in it.
+        with EngineGate(model, let_through=1) as gate:
+            stream = client.translate_stream(text)
+            first = next(stream)
+            assert not gate.released.is_set()
+            gate.open()
+            msgs = [first, *stream]
+        assert not gate.timed_out
+        assert first.token_ids == unary.hypotheses[0].token_ids[:1] and not first.final
+        assert first.delta and first.delta != unary.hypotheses[0].text
         assert msgs[-1].final and not any(m.final for m in msgs[:-1])
         assert "".join(m.delta for m in msgs) == unary.hypotheses[0].text
         assert [t for m in msgs for t in m.token_ids] == list(unary.hypotheses[0].token_ids)
         assert msgs[-1].output_tokens == unary.output_tokens
-        # Really incremental: text arrives before the end. (Tokens that pile up behind a slow
-        # reader are coalesced, so the message count depends on timing and is not asserted.)
-        assert len(msgs) >= 2 and msgs[0].delta and msgs[0].delta != unary.hypotheses[0].text
         t = msgs[-1].timings
         assert t.first_token_seconds <= t.total_seconds
 
@@ -241,27 +250,25 @@ def test_metrics_move(server, client):
 
 
 def test_overload_is_refused_at_once(client):
-    """A tiny queue: excess requests get RESOURCE_EXHAUSTED immediately, the rest complete."""
-    tight = ServerThread(max_batch_size=2, max_queue_size=2, warmup=False).start()
+    """A queue of 2 with the engine held: exactly 2 calls wait, the other 10 are refused with
+    RESOURCE_EXHAUSTED while the engine is still held (so at once), and the 2 complete after."""
+    tight = ServerThread(max_batch_size=2, max_queue_size=2, max_texts_per_request=2, warmup=False).start()
     try:
-        results = []
-        with TranslatorClient(tight.target, timeout=60, retries=0) as c:
-            def call(i):
-                t0 = time.monotonic()
-                try:
-                    c.translate([f"A man number {i} is riding a bike down the long road."], max_output_tokens=40)
-                    results.append(("ok", time.monotonic() - t0))
-                except grpc.RpcError as e:
-                    results.append((e.code(), time.monotonic() - t0))
-            threads = [threading.Thread(target=call, args=(i,)) for i in range(12)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            refused = [dt for code, dt in results if code == grpc.StatusCode.RESOURCE_EXHAUSTED]
-            assert refused and all(dt < 1.0 for dt in refused)
-            assert any(code == "ok" for code, _ in results)
-            assert all(code in ("ok", grpc.StatusCode.RESOURCE_EXHAUSTED) for code, _ in results)
+        model = tight.app.models["multi30k-en-de-small"]
+        with TranslatorClient(tight.target, timeout=60, retries=0) as c, EngineGate(model) as gate:
+            calls = [c.stub.Translate.future(pb.TranslateRequest(texts=[f"A man number {i} is riding a bike."]),
+                                             timeout=60) for i in range(12)]
+            end = time.monotonic() + 30  # bounds a failure only: the held two cannot finish before open()
+            while sum(f.done() for f in calls) < 10 and time.monotonic() < end:
+                time.sleep(0.01)
+            done = [f for f in calls if f.done()]
+            assert len(done) == 10 and not gate.released.is_set()
+            assert all(f.code() == grpc.StatusCode.RESOURCE_EXHAUSTED for f in done)
+            assert all("retry later" in f.details() for f in done)
+            gate.open()
+            waited = [f for f in calls if f not in done]
+            assert [f.result(timeout=60).translations[0].hypotheses[0].text != "" for f in waited] == [True, True]
+            assert not gate.timed_out
             tight.wait_idle()
             assert c.translate(["A dog."]).translations[0].hypotheses[0].text
     finally:

@@ -1,0 +1,257 @@
+"""Defects found by soaking and fuzzing the server, each pinned by a test against a real server.
+
+Timing-free: where a request must be caught in a state (queued past its deadline, an engine
+that hangs), an EngineGate holds the engine loop there instead of racing it.
+"""
+import logging
+import math
+import subprocess
+import sys
+import threading
+import time
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from client import TranslatorClient
+from serving import ROOT, EngineGate, ServerThread
+from server.app import ConfigError
+from server.bundle import discover
+from server.config import ServerConfig
+from server.kv_cache import SlotCache
+from server.metrics import Metrics
+from server.request import DecodingParams, Job
+from server.scheduler import Scheduler
+
+MODEL = "multi30k-en-de-small"
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = ServerThread(warmup=False).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with TranslatorClient(server.target, timeout=60, retries=0) as c:
+        yield c
+
+
+def rpc_error(fn) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as err:
+        fn()
+    return err.value
+
+
+def wait_for(predicate, timeout: float = 20.0) -> bool:
+    """Poll until true; the timeout only bounds a failure (each use waits for a settled state)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+def health(target: str) -> str:
+    with grpc.insecure_channel(target) as ch:
+        status = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=10).status
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(status)
+
+
+# -- 1. payloads that do not parse ------------------------------------------------------------
+@pytest.mark.parametrize("method", ["Translate", "TranslateStream", "Embed"])
+@pytest.mark.parametrize("payload", [b"\x12\x02\xff\xfe", b"\x12\x10A dog", b"\x0a\x05ab", b"\xff\xff\xff"],
+                         ids=["bad-utf8", "truncated", "short-field", "garbage"])
+def test_malformed_payload_is_invalid_argument_without_traceback(server, caplog, method, payload):
+    before = server.metric("nmt_requests_total", missing_ok=True, rpc=method, code="INVALID_ARGUMENT")
+    with grpc.insecure_channel(server.target) as ch:
+        path = f"/nmt.v1.Translator/{method}"
+        call = ch.unary_stream(path) if method == "TranslateStream" else ch.unary_unary(path)
+        err = rpc_error(lambda: list(call(payload, timeout=10)) if method == "TranslateStream"
+                        else call(payload, timeout=10))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "malformed request" in err.details() and len(err.details()) < 300
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert wait_for(lambda: server.metric("nmt_requests_total", missing_ok=True, rpc=method,
+                                          code="INVALID_ARGUMENT") == before + 1)
+    assert health(server.target) == "SERVING"
+
+
+# -- 2. size checks before tokenisation; tokenisation off the event loop ----------------------
+def test_oversized_message_refused_unparsed(client):
+    err = rpc_error(lambda: client.translate(["x" * 250_000] * 20))  # 5 MB > the 4 MiB receive limit
+    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_long_text_refused_before_tokenisation(server, client, monkeypatch):
+    model = server.app.models[MODEL]
+    seen = []
+    monkeypatch.setattr(model, "encode_texts", lambda texts: seen.append(texts) or [])
+    err = rpc_error(lambda: client.translate(["A dog.", "y" * 10_001]))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "longer than 10000 characters" in err.details() and "texts[1]" in err.details()
+    assert seen == []  # refused on its size alone
+
+
+def test_tokenisation_runs_off_the_event_loop(server, client, monkeypatch):
+    model = server.app.models[MODEL]
+    threads, inner = [], model.encode_texts
+    monkeypatch.setattr(model, "encode_texts", lambda texts: threads.append(threading.current_thread()) or
+                        inner(texts))
+    client.translate(["A dog runs."])
+    client.embed(["A dog runs."])
+    assert len(threads) == 2
+    assert all(t is not server._thread and t.name.startswith("nmt-prep") for t in threads)
+
+
+# -- 3. float options: NaN, infinities, out of range --------------------------------------------
+@pytest.mark.parametrize("options", [
+    dict(temperature=0.7, top_p=-0.5), dict(temperature=0.7, top_p=math.nan), dict(temperature=0.7, top_p=-math.inf),
+    dict(temperature=0.7, top_p=math.inf), dict(temperature=math.nan), dict(temperature=math.inf),
+    dict(beam_size=2, length_penalty=math.nan), dict(beam_size=2, length_penalty=math.inf),
+    dict(beam_size=2, length_penalty=-1.0)])
+def test_bad_float_options_are_refused(client, options):
+    err = rpc_error(lambda: client.translate(["A dog."], **options))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "must be a finite number" in err.details()
+    err = rpc_error(lambda: list(client.translate_stream("A dog.", **options)))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+# -- 4. echoed values are bounded ---------------------------------------------------------------
+@pytest.mark.parametrize("size", [10_000, 20_000])
+def test_long_unknown_model_name_is_not_found_with_a_short_message(client, size):
+    err = rpc_error(lambda: client.translate(["A dog."], model="m" * size))
+    assert err.code() == grpc.StatusCode.NOT_FOUND
+    assert f"({size} characters)" in err.details() and len(err.details()) < 300
+
+
+# -- 5, 6. settings that contradict each other are refused at start-up ----------------------------
+def test_contradictory_settings_refused_at_start_up():
+    with pytest.raises(ConfigError) as err:
+        ServerThread(max_queue_size=16, max_batch_tokens=32, metrics_port=-1).start()
+    assert "--max-queue-size 16 is below --max-texts-per-request 64" in str(err.value)
+    assert "--max-batch-tokens 32 is below --max-source-tokens 256" in str(err.value)
+    proc = subprocess.run([sys.executable, "-m", "server", "--max-queue-size", "16", "--port", "0"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--max-queue-size 16" in proc.stderr
+    assert ServerConfig().problems() == []
+
+
+def _scheduler(max_encode_tokens: int, slots: int = 4) -> Scheduler:
+    spec = discover(ROOT / "model_repository")[0].spec
+    return Scheduler(MODEL, SlotCache(spec, slots, 256, 257), Metrics(), spec.eos_id,
+                     max_encode_tokens=max_encode_tokens, max_encode_batch=slots)
+
+
+def test_text_over_the_encoder_budget_is_encoded_alone():
+    sched = _scheduler(max_encode_tokens=32)
+    jobs = [Job(MODEL, list(range(4, 4 + n)), DecodingParams(), 10, lambda e: None) for n in (57, 20, 20)]
+    sched.submit(jobs)
+    now = time.monotonic()
+    assert sched.schedule(now).encode == jobs[:1]  # alone, over budget
+    assert sched.schedule(now).encode == jobs[1:2]  # then within it: 20 + 20 > 32
+
+
+def test_queue_too_small_for_a_request_is_not_retryable():
+    sched = _scheduler(max_encode_tokens=256)
+    sched.max_queue = 2
+    jobs = [Job(MODEL, [4, 5], DecodingParams(), 10, lambda e: None) for _ in range(3)]
+    with pytest.raises(Exception) as err:
+        sched.submit(jobs)
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and "retry" not in str(err.value)
+
+
+def _thread_cpu_seconds(thread: threading.Thread) -> float:
+    fields = open(f"/proc/self/task/{thread.native_id}/stat").read().rsplit(")", 1)[1].split()
+    import os
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_work_that_cannot_start_does_not_spin(server):
+    """A job that can never be admitted (more rows than slots, slipped past the checks) used to
+    make the engine loop spin a whole core; now it sleeps until something changes."""
+    model = server.app.models[MODEL]
+    stuck = Job(MODEL, [4, 5, 6], DecodingParams(num_hypotheses=model.cache.capacity + 1, temperature=1.0), 10,
+                lambda e: None)
+    model.scheduler.submit([stuck])
+    try:
+        t0 = _thread_cpu_seconds(model.loop)
+        time.sleep(1.0)
+        assert _thread_cpu_seconds(model.loop) - t0 < 0.3  # a spinning loop burns ~1 s here
+    finally:
+        stuck.cancel()
+    assert wait_for(lambda: model.scheduler.idle)
+
+
+# -- 7, 8. the codes recorded are the codes the client saw ----------------------------------------
+@pytest.mark.parametrize("method", ["Translate", "TranslateStream"])
+def test_deadline_while_queued_is_counted_as_deadline_exceeded(server, client, caplog, method):
+    model = server.app.models[MODEL]
+    before = server.metric("nmt_requests_total", missing_ok=True, rpc=method, code="DEADLINE_EXCEEDED")
+    with EngineGate(model) as gate:  # the engine is held: the request is surely still queued
+        if method == "Translate":
+            err = rpc_error(lambda: client.translate(["A dog runs in the park."], timeout=0.3))
+        else:
+            err = rpc_error(lambda: list(client.translate_stream("A dog runs in the park.", timeout=0.3)))
+        assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED and not gate.released.is_set()
+    assert wait_for(lambda: server.metric("nmt_requests_total", missing_ok=True, rpc=method,
+                                          code="DEADLINE_EXCEEDED") == before + 1)
+    assert server.metric("nmt_requests_total", missing_ok=True, rpc=method, code="CANCELLED") == 0
+    server.wait_idle()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_unexpected_exception_is_internal_and_counted(server, client, monkeypatch):
+    model = server.app.models[MODEL]
+
+    def broken(*a, **kw):
+        raise RuntimeError("a bug " + "z" * 5000)
+    monkeypatch.setattr(model, "jobs", broken)
+    before = server.metric("nmt_requests_total", missing_ok=True, rpc="Translate", code="INTERNAL")
+    err = rpc_error(lambda: client.translate(["A dog."]))
+    assert err.code() == grpc.StatusCode.INTERNAL and "RuntimeError" in err.details()
+    assert len(err.details()) < 300  # the exception text stays in the server log
+    assert wait_for(lambda: server.metric("nmt_requests_total", rpc="Translate", code="INTERNAL") == before + 1)
+    monkeypatch.undo()
+    assert client.translate(["A dog."]).translations[0].hypotheses[0].text
+
+
+# -- the engine itself fails ----------------------------------------------------------------------
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the injected death
+@pytest.mark.parametrize("failure", ["stuck", "died"])
+def test_watchdog_fails_requests_and_stops_the_server(failure):
+    srv = ServerThread(watchdog_s=0.5, warmup=False, metrics_port=-1).start()
+    model = srv.app.models[MODEL]
+    try:
+        if failure == "stuck":
+            gate = EngineGate(model, timeout=60).__enter__()  # never opened: a hung engine step
+        else:
+            def die(now):
+                raise SystemExit("injected engine death")  # not an Exception: the loop thread ends
+            model.loop.iteration = die
+        with TranslatorClient(srv.target, timeout=30, retries=0) as c:
+            t0 = time.monotonic()
+            err = rpc_error(lambda: c.translate(["A dog runs."]))
+            assert err.code() == grpc.StatusCode.UNAVAILABLE and "engine failed" in err.details()
+            assert time.monotonic() - t0 < 20  # promptly, not at the 30 s deadline
+        assert srv.app.engine_failure and ("died" if failure == "died" else "no progress") in srv.app.engine_failure
+        try:  # NOT_SERVING at once while the drain runs (a dead loop drains at once: then gone)
+            assert health(srv.target) == "NOT_SERVING"
+        except grpc.RpcError as e:
+            assert failure == "died" and e.code() == grpc.StatusCode.UNAVAILABLE
+
+        def gone() -> bool:
+            try:
+                health(srv.target)
+                return False
+            except grpc.RpcError:
+                return True
+        assert wait_for(gone, timeout=30)  # the gRPC server stopped: `python -m server` then exits 3
+    finally:
+        if failure == "stuck":
+            gate.open()
+        srv.stop()

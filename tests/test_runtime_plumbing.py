@@ -56,12 +56,15 @@ def test_engine_thread_wakes_the_loop_once_per_step():
                     sink(10 * step + i)
                 wakeups_before_flush.append(relay.wakeups)
                 relay_mod.flush()
-                time.sleep(0.05)  # the loop drains while the "next step" runs
+                # The next step starts once the loop has drained this one (waiting for that state,
+                # not for a time: a busy machine may take any while to run the loop).
+                end = time.monotonic() + 10
+                while len(got) < 10 * (step + 1) and time.monotonic() < end:
+                    time.sleep(0.001)
         t = threading.Thread(target=engine)
         t.start()
         while t.is_alive():
             await asyncio.sleep(0.01)
-        await asyncio.sleep(0.05)
         return got, relay.wakeups, wakeups_before_flush
     got, wakeups, before = asyncio.run(main())
     assert got == list(range(30))

@@ -212,21 +212,25 @@ def test_bad_input_gets_clear_errors_and_server_keeps_serving(server, client):
 
 
 def test_deadline_frees_the_slot(server, client):
-    # Near-uniform sampling almost never picks EOS, so this runs all 250 steps: far past 50 ms.
+    model = server.app.models["multi30k-en-de-small"]
     long = dict(max_output_tokens=250, temperature=5.0, seed=1)
-    got, details = code_of(lambda: client.translate(["A dog runs on the beach."], timeout=0.05, **long))
-    assert got == grpc.StatusCode.DEADLINE_EXCEEDED
+    with EngineGate(model, let_through=1) as gate:  # running (one step done), then held past the deadline
+        got, details = code_of(lambda: client.translate(["A dog runs on the beach."], timeout=0.05, **long))
+        assert got == grpc.StatusCode.DEADLINE_EXCEEDED and not gate.released.is_set()
     server.wait_idle(5)
     assert client.translate(["A dog."]).translations[0].hypotheses[0].text
 
 
 def test_cancelled_stream_frees_the_slot_within_a_step(server, client):
-    stream = client.translate_stream("A dog runs on the beach.", max_output_tokens=250, temperature=5.0, seed=2)
-    next(stream)
-    next(stream)
-    assert server.metric("nmt_running_requests") >= 1
-    stream.cancel()
-    server.wait_idle(2)
+    model = server.app.models["multi30k-en-de-small"]
+    with EngineGate(model, let_through=3) as gate:  # a few tokens out, then held: surely still running
+        stream = client.translate_stream("A dog runs on the beach.", max_output_tokens=250, temperature=5.0, seed=2)
+        next(stream)  # one message only: a slow reader may find all three tokens coalesced in it
+        assert server.metric("nmt_running_requests") == 1
+        stream.cancel()
+        gate.open()
+        server.wait_idle(5)
+    assert not gate.timed_out
 
 
 def test_metrics_move(server, client):

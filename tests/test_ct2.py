@@ -34,3 +34,51 @@ def test_unsupported_architectures_are_refused(tmp_path):
     model = Transformer(preset("tiny", vocab_size=40, pre_norm=False, attention="additive"))
     with pytest.raises(ValueError, match="pre-norm.*additive"):
         build_spec(model, [str(i) for i in range(40)])
+
+
+def test_baseline_server_gives_our_servers_tokens(tmp_path):
+    """benchmarks/ct2_server.py over the shipped model: the same tokens as our server, unary and
+    streamed (the serving comparison is only fair if both do the same work)."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import grpc
+
+    from client import TranslatorClient
+    from serving import ROOT, ServerThread, flickr_sentences
+
+    ckpt = ROOT / "models/pretrained/multi30k-en-de-small/model.pt"
+    model_dir = convert(ckpt, tmp_path / "ct2")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.ct2_server", "--model", str(model_dir),
+                             "--tokenizer", str(ROOT / "model_repository/multi30k-en-de-small/1/tokenizer.json"),
+                             "--port", str(port), "--threads", "1"], cwd=ROOT)
+    ours = ServerThread(metrics_port=-1, warmup=False).start()
+    texts = flickr_sentences(24)
+    try:
+        with TranslatorClient(f"127.0.0.1:{port}", timeout=60, retries=0) as base, \
+                TranslatorClient(ours.target, timeout=60, retries=0) as mine:
+            end = time.monotonic() + 60
+            while True:
+                try:
+                    if base.health() == "SERVING":
+                        break
+                except grpc.RpcError:
+                    assert time.monotonic() < end and proc.poll() is None
+                    time.sleep(0.2)
+            want = [t.hypotheses[0] for t in mine.translate(texts, return_tokens=True).translations]
+            got = [t.hypotheses[0] for t in base.translate(texts, return_tokens=True).translations]
+            assert [list(h.token_ids) for h in got] == [list(h.token_ids) for h in want]
+            assert [h.text for h in got] == [h.text for h in want]
+            for text, w in zip(texts[:6], want):
+                msgs = list(base.translate_stream(text))
+                assert msgs[-1].final and "".join(m.delta for m in msgs) == w.text
+                assert [t for m in msgs for t in m.token_ids] == list(w.token_ids)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        ours.stop()

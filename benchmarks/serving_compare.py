@@ -1,0 +1,235 @@
+"""Our server vs the CTranslate2 baseline server, side by side in one run.
+
+    python -m benchmarks.serving_compare [--precisions fp32,int8] [--repeats 3] \\
+        [--out docs/benchmarks/serving_compare.md]
+
+Both servers run as subprocesses on this machine behind the same nmt.v1 API and are
+driven by the same client code over loopback: greedy streams at each --concurrency
+level (TranslateStream, tokens/s and TTFT), and unary batches (--unary-texts texts per
+Translate call from --unary-clients clients, the pipeline-sidecar load). Repeats
+alternate the servers so slow drift of a shared machine hits both alike; each cell
+is the median over repeats. The server's CPU per output token comes from
+/proc/PID/stat, and the idle CPU from 5 s of doing nothing after warm-up.
+
+fp32: our bundle's fp32 graphs vs CTranslate2 float32 on the converted checkpoint.
+int8: our int8 variant (exported here if the bundle lacks one) vs CTranslate2 int8.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Sequence
+
+ROOT = Path(__file__).resolve().parents[1]
+CKPT = ROOT / "models/pretrained/multi30k-en-de-small/model.pt"
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def prepare(work: Path, precisions: list[str]) -> dict:
+    """Per precision: our repository (with the variant) and the CTranslate2 model directory."""
+    from benchmarks.ct2_convert import convert
+    repo = ROOT / "model_repository"
+    bundle = next(p for p in repo.iterdir() if p.is_dir()) / "1"
+    out = {}
+    for prec in precisions:
+        ours_repo = repo
+        if prec == "int8" and "int8" not in json.loads((bundle / "config.json").read_text())["variants"]:
+            ours_repo = work / "repo-int8"
+            subprocess.run([sys.executable, "-m", "export", "--checkpoint", str(CKPT), "--out", str(ours_repo),
+                            "--name", bundle.parent.name, "--int8"], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+        ct2 = convert(CKPT, work / f"ct2-{prec}", "int8" if prec == "int8" else None)
+        out[prec] = {"repo": str(ours_repo), "ct2": str(ct2), "tokenizer": str(bundle / "tokenizer.json")}
+    return out
+
+
+def start(kind: str, prec: str, paths: dict, args) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    if kind == "ours":
+        cmd = [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port), "--metrics-port", "-1",
+               "--model-repository", paths["repo"], "--variant", prec, "--max-queue-size", "4096",
+               "--max-batch-size", str(args.max_batch_size), *args.ours_flags.split()]
+    else:
+        cmd = [sys.executable, "-m", "benchmarks.ct2_server", "--model", paths["ct2"], "--tokenizer",
+               paths["tokenizer"], "--port", str(port), "--threads", str(args.ct2_threads),
+               "--compute-type", "int8" if prec == "int8" else "float32", "--max-batch", str(args.max_batch_size)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return proc, f"127.0.0.1:{port}"
+
+
+async def measure(kind: str, target: str, pid: int, texts: list[str], args) -> dict:
+    from client.client import AsyncTranslatorClient
+    from client.loadgen import grpc_stream, run_level
+    async with AsyncTranslatorClient(target, timeout=300, retries=0) as client:
+        for _ in range(600):
+            try:
+                if await client.health() == "SERVING":
+                    break
+            except Exception:  # noqa: BLE001 (not up yet)
+                await asyncio.sleep(0.2)
+        stream = grpc_stream(client)
+        await run_level(stream, texts, 4, 16, 60)  # warm-up
+        c0 = cpu_seconds(pid)
+        await asyncio.sleep(5.0)
+        out = {"idle_cpu_percent": 100 * (cpu_seconds(pid) - c0) / 5.0, "streams": {}}
+        for c in args.concurrency:
+            c0 = cpu_seconds(pid)
+            res = (await run_level(stream, texts, c, max(args.requests, 2 * c), args.max_seconds)).summary()
+            res["server_cpu_us_per_token"] = 1e6 * (cpu_seconds(pid) - c0) / max(res["tokens"], 1)
+            out["streams"][c] = res
+            print(f"    {kind} {c} streams: {res['tokens_per_s']:.0f} tok/s", file=sys.stderr, flush=True)
+        out["unary"] = await unary_load(client, texts, args)
+        print(f"    {kind} unary: {out['unary']['tokens_per_s']:.0f} tok/s", file=sys.stderr, flush=True)
+    return out
+
+
+async def unary_load(client, texts: list[str], args) -> dict:
+    """--unary-clients clients, each sending --unary-calls Translate calls of --unary-texts texts."""
+    tokens, errors = 0, 0
+
+    async def one_client(k: int) -> None:
+        nonlocal tokens, errors
+        for i in range(args.unary_calls):
+            start = (k * args.unary_calls + i) * args.unary_texts
+            batch = [texts[(start + j) % len(texts)] for j in range(args.unary_texts)]
+            try:
+                resp = await client.translate(batch)
+                tokens += sum(t.output_tokens for t in resp.translations)
+            except Exception:  # noqa: BLE001 (counted)
+                errors += 1
+    t0 = time.monotonic()
+    await asyncio.gather(*(one_client(k) for k in range(args.unary_clients)))
+    dt = time.monotonic() - t0
+    return {"tokens": tokens, "seconds": dt, "tokens_per_s": tokens / dt, "errors": errors}
+
+
+def run_one(kind: str, prec: str, paths: dict, texts: list[str], args) -> dict:
+    proc, target = start(kind, prec, paths, args)
+    try:
+        return asyncio.run(measure(kind, target, proc.pid, texts, args))
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def median_of(runs: list[dict]) -> dict:
+    """Cell-wise median over repeats (tokens/s, TTFT p50, CPU per token, idle CPU)."""
+    med = lambda xs: statistics.median(xs)  # noqa: E731
+    out = {"idle_cpu_percent": med([r["idle_cpu_percent"] for r in runs]),
+           "unary_tokens_per_s": med([r["unary"]["tokens_per_s"] for r in runs]), "streams": {}}
+    for c in runs[0]["streams"]:
+        cells = [r["streams"][c] for r in runs]
+        out["streams"][c] = {"tokens_per_s": med([x["tokens_per_s"] for x in cells]),
+                             "ttft_p50_ms": med([x["ttft_ms"]["p50"] for x in cells]),
+                             "e2e_p90_ms": med([x["e2e_ms"]["p90"] for x in cells]),
+                             "cpu_us_per_token": med([x["server_cpu_us_per_token"] for x in cells]),
+                             "range": [min(x["tokens_per_s"] for x in cells), max(x["tokens_per_s"] for x in cells)],
+                             "errors": sum(x["errors"] for x in cells)}
+    return out
+
+
+def render(results: dict, args, argv: list[str]) -> str:
+    lines = ["# Serving: our server vs a CTranslate2 gRPC server", "",
+             f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python "
+             f"{platform.python_version()}; both servers and the client share it. Median of {args.repeats} "
+             "repeats, servers alternating; greedy decoding over test_2016_flickr.en.", "",
+             f"Command: `python -m benchmarks.serving_compare {' '.join(argv)}`", ""]
+    for prec, res in results.items():
+        ours, base = res["ours"], res["ct2"]
+        lines += [f"## {prec}", "",
+                  "| load | ours tok/s | CT2 server tok/s | ours / CT2 | TTFT p50 ours / CT2 (ms) | "
+                  "e2e p90 ours / CT2 (ms) | server CPU µs/token ours / CT2 |", "|---|---|---|---|---|---|---|"]
+        for c in ours["streams"]:
+            o, b = ours["streams"][c], base["streams"][c]
+            lines.append(f"| {c} streams | {o['tokens_per_s']:,.0f} | {b['tokens_per_s']:,.0f} | "
+                         f"**{o['tokens_per_s'] / b['tokens_per_s']:.2f}** | {o['ttft_p50_ms']:.1f} / "
+                         f"{b['ttft_p50_ms']:.1f} | {o['e2e_p90_ms']:.0f} / {b['e2e_p90_ms']:.0f} | "
+                         f"{o['cpu_us_per_token']:.0f} / {b['cpu_us_per_token']:.0f} |")
+        lines.append(f"| unary, {args.unary_texts} texts x {args.unary_clients} clients | "
+                     f"{ours['unary_tokens_per_s']:,.0f} | {base['unary_tokens_per_s']:,.0f} | "
+                     f"**{ours['unary_tokens_per_s'] / base['unary_tokens_per_s']:.2f}** | | | |")
+        lines += ["", f"Idle server CPU: ours {ours['idle_cpu_percent']:.1f}% of a core, "
+                  f"CT2 server {base['idle_cpu_percent']:.1f}%.", ""]
+    lines.append("![tokens/s](serving_compare.png)")
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4), squeeze=False)
+    for ax, (prec, res) in zip(axes[0], results.items()):
+        levels = list(res["ours"]["streams"])
+        for kind, style in (("ours", "o-"), ("ct2", "s--")):
+            ax.plot([str(c) for c in levels], [res[kind]["streams"][c]["tokens_per_s"] for c in levels], style,
+                    label=f"{kind} streams")
+            ax.axhline(res[kind]["unary_tokens_per_s"], ls=":", color="C0" if kind == "ours" else "C1",
+                       label=f"{kind} unary batches")
+        ax.set(title=prec, xlabel="concurrent streams", ylabel="output tokens/s")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--src-file", default=str(ROOT.parent / "shared/data/multi30k/test_2016_flickr.en"))
+    p.add_argument("--precisions", type=lambda s: s.split(","), default=["fp32", "int8"])
+    p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32, 64])
+    p.add_argument("--requests", type=int, default=400, help="streams per level (at least 2x the level)")
+    p.add_argument("--max-seconds", type=float, default=60.0, help="bound per level")
+    p.add_argument("--unary-texts", type=int, default=32)
+    p.add_argument("--unary-clients", type=int, default=4)
+    p.add_argument("--unary-calls", type=int, default=8, help="calls per unary client")
+    p.add_argument("--max-batch-size", type=int, default=64, help="decode slots (ours) / texts per batch (CT2)")
+    p.add_argument("--ct2-threads", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--ours-flags", default="", help="extra flags for our server, e.g. '--stream-interval 4'")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", default=str(ROOT / "docs/benchmarks/serving_compare.md"))
+    args = p.parse_args(argv)
+    if not Path(args.src_file).exists():
+        args.src_file = str(ROOT / "tests/data/test_2016_flickr.head200.en")
+    texts = Path(args.src_file).read_text(encoding="utf-8").splitlines()
+    raw: dict = {prec: {"ours": [], "ct2": []} for prec in args.precisions}
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = prepare(Path(tmp), args.precisions)
+        for rep in range(args.repeats):
+            for prec in args.precisions:
+                for kind in ("ours", "ct2") if rep % 2 == 0 else ("ct2", "ours"):
+                    print(f"repeat {rep + 1}/{args.repeats}, {prec}, {kind}:", file=sys.stderr, flush=True)
+                    raw[prec][kind].append(run_one(kind, prec, paths[prec], texts, args))
+    results = {prec: {kind: median_of(runs) for kind, runs in by.items()} for prec, by in raw.items()}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps({"results": results, "raw": raw}, indent=1))
+    plot(results, out.with_suffix(".png"))
+    notes = out.read_text()[out.read_text().index("\n## Reading") + 1:] \
+        if out.exists() and "\n## Reading" in out.read_text() else ""
+    out.write_text(render(results, args, argv) + ("\n" + notes if notes else ""))
+    print(out.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

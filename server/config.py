@@ -10,6 +10,39 @@ from typing import Optional, Sequence
 DEFAULT_REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
 
 
+# What each flag does and what it accepts, as `--help` shows it (with its NMT_* variable and default).
+HELP = {
+    "host": "address to bind the gRPC port (and the metrics port) to",
+    "port": "gRPC port; 0 picks a free one",
+    "metrics_port": "Prometheus /metrics port; 0 picks a free one, -1 turns the endpoint off",
+    "model_repository": "folder of <model>/<version>/ bundles to serve (all of them)",
+    "default_model": "model for requests that name none; empty = the first by name",
+    "variant": "bundle graphs to run: fp32, int8 or fp16 (fp16 is for --provider cuda)",
+    "provider": "ONNX Runtime execution provider: auto (CUDA when available), cpu or cuda",
+    "intra_op_threads": "ONNX Runtime intra-op threads shared by every session; 0 = one per physical core",
+    "inter_op_threads": "ONNX Runtime inter-op threads (graphs run sequentially; 1 is right)",
+    "max_batch_size": "decode rows (KV cache slots) per model: the continuous batch's width; >= 1",
+    "max_batch_tokens": "source tokens per encoder pass; >= --max-source-tokens",
+    "max_encode_padding": "admitted texts are encoded in length groups padded at most this share; in [0, 1)",
+    "max_queue_delay_ms": "with nothing running, wait this long for company before encoding a lone arrival; >= 0",
+    "max_queue_size": "texts waiting per model; a request that does not fit gets RESOURCE_EXHAUSTED; "
+                      ">= --max-texts-per-request",
+    "stream_interval": "streams: the first token at once, then a message every N tokens; >= 1",
+    "max_texts_per_request": "texts in one Translate or Embed call; >= 1",
+    "max_text_chars": "characters per text, checked before tokenisation; >= 1",
+    "max_request_bytes": "largest request message accepted (bigger ones get RESOURCE_EXHAUSTED unparsed); >= 1",
+    "max_source_tokens": "source tokens per text (capped by the model's positions); >= 1",
+    "max_output_tokens": "generated tokens per text (capped by the model's positions); >= 1",
+    "max_beam_size": "largest beam_size a request may ask for; >= 1",
+    "max_hypotheses": "largest num_hypotheses a request may ask for; >= 1",
+    "grace_period_s": "on SIGTERM: seconds in-flight work may take to finish before it is failed; >= 0",
+    "workers": "threads that validate and tokenise requests off the event loop; >= 1",
+    "watchdog_s": "no engine progress for this long with work waiting: NOT_SERVING, requests fail with "
+                  "UNAVAILABLE, exit status 3; > 0",
+    "warmup": "translate once per model before reporting SERVING (true/false)",
+}
+
+
 @dataclass
 class ServerConfig:
     host: str = "0.0.0.0"
@@ -49,10 +82,11 @@ class ServerConfig:
             default = f.default
             if f.type in ("bool", bool):
                 p.add_argument(flag, type=_bool, default=_bool(os.environ.get(env, str(default))),
-                               help=f"env {env}")
+                               help=f"{HELP[f.name]} [env {env}]")
             else:
                 kind = {"int": int, "float": float, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
-                p.add_argument(flag, type=kind, default=kind(os.environ.get(env, default)), help=f"env {env}")
+                p.add_argument(flag, type=kind, default=kind(os.environ.get(env, default)),
+                               help=f"{HELP[f.name]} [env {env}]")
         return p
 
     @classmethod

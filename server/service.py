@@ -93,6 +93,11 @@ def timings(t) -> pb.Timings:
     return pb.Timings(queue_seconds=s["queue"], first_token_seconds=s["first_token"], total_seconds=s["total"])
 
 
+# A client whose own deadline fires cancels the call (RST_STREAM) a moment before the server's copy
+# of that deadline expires: a cancellation this close to the deadline is the deadline.
+DEADLINE_SLACK_S = 0.05
+
+
 def _call_over(context) -> Optional[grpc.StatusCode]:
     """DEADLINE_EXCEEDED or CANCELLED when the call is already over (grpc core answered the client),
     else None. A status sent on such a call fails inside grpc with a logged traceback."""
@@ -100,6 +105,8 @@ def _call_over(context) -> Optional[grpc.StatusCode]:
     if remaining is not None and remaining <= 0:
         return grpc.StatusCode.DEADLINE_EXCEEDED
     if context.done() or context.cancelled():
+        if remaining is not None and remaining <= DEADLINE_SLACK_S:
+            return grpc.StatusCode.DEADLINE_EXCEEDED
         return grpc.StatusCode.CANCELLED
     return None
 

@@ -1,0 +1,315 @@
+"""Soak and fuzz the translation server: a bounded mixed workload with hostile input, then a SIGTERM drain.
+
+    python -m benchmarks.soak [--duration 60] [--max-rpcs 100000] [--concurrency 16] [--seed 0]
+        [--json PATH] [--out docs/soak.md] [--target 127.0.0.1:PORT [--metrics-url URL]]
+
+Without --target it starts `python -m server` on free loopback ports with a
+small queue (--max-queue-size 64) and waits for health SERVING. Then:
+  rest     30 test sentences, greedy, one per call (the reference outputs)
+  warmup   one call of every category and of every fuzz case, then the random mix at
+           low concurrency
+  large    large requests (64 long texts with beam search, 1000 texts, 100k-character
+           texts, 3.8 MB in one request) with a health check every 10 ms: health must
+           answer in < 50 ms
+  load     the random mix (benchmarks/soak_traffic.py: unary, streams, embed, list,
+           health, cancellations, short deadlines, slow readers, closed channels,
+           fuzzed payloads and options) from --concurrency workers, a health check
+           every 100 ms; at 40% a burst far past the queue limit while the 30
+           sentences are translated again ("heavy"): outputs must equal those at rest
+  settle   the running / waiting / KV gauges must return to 0; nmt_requests_total
+           must agree with the codes the client saw
+  drain    SIGTERM with streams in flight: they finish or get UNAVAILABLE, new calls
+           get UNAVAILABLE, the process exits 0 within the grace period
+The server's VmRSS is sampled every second throughout. The run stops by itself
+(--duration, --max-rpcs; every call has a deadline and counts as hung 10 s past it)
+and talks to 127.0.0.1 only. Writes a Markdown report (--out), a PNG beside it
+and, with --json, a JSON summary.
+
+Exit code 0 only if: no INTERNAL or UNKNOWN, no hangs, every call got a code its
+category allows, greedy outputs equal at rest and under load, every category ran,
+the gauges settle to 0, nmt_requests_total agrees with the client, the drain
+is clean, and no health check during large requests took 1 s (--stall-ms: a
+blocked event loop). The 50 ms health target gates only with --strict-timing.
+Exit code 2: the harness could not run (the server did not start).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import random
+import shlex
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Optional, Sequence
+
+from benchmarks.soak_checks import (allowed_table, client_counts, code_table, evaluate, golden_compare,
+                                    latency_stats, metrics_consistency, verdict)
+from benchmarks.soak_fuzz import INVALID
+from benchmarks.soak_report import timeline, write
+from benchmarks.soak_server import RssSampler, ServerProcess, drain, settle
+from benchmarks.soak_traffic import GOOD, MIX, HealthProbe, Recorder, Traffic
+from client.client import AsyncTranslatorClient
+from protos.nmt.v1 import translator_pb2 as pb
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "data" / "multi30k"
+FIXTURE = ROOT / "tests" / "data" / "test_2016_flickr.head200.en"
+LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
+
+
+def flickr_sentences() -> list[str]:
+    """test_2016_flickr.en: the checksum-verified copy beside the checkout, else the committed first 200
+    lines (the same choice as tests/serving.py)."""
+    if SHARED.exists():
+        from models.data import multi30k_file
+        return multi30k_file("test_2016_flickr.en", data_dir=SHARED).splitlines()
+    return FIXTURE.read_text(encoding="utf-8").splitlines()
+
+
+async def workers(traffic: Traffic, concurrency: int, seconds: float, max_rpcs: int, seed: int) -> None:
+    """`concurrency` loops of random calls until `seconds` pass or `max_rpcs` calls have started."""
+    end = time.monotonic() + seconds
+
+    async def loop(i: int) -> None:
+        rng = random.Random(seed * 1_000_003 + i)
+        while time.monotonic() < end and traffic.rec.started < max_rpcs:
+            await traffic.random_call(rng)
+    await asyncio.gather(*(loop(i) for i in range(concurrency)))
+
+
+async def large_window(traffic: Traffic, probe: HealthProbe) -> tuple[list[float], dict]:
+    """Large requests at once, nothing else, and a health check every 10 ms while they run."""
+    traffic.rec.enter("large")
+    longest = sorted(traffic.sentences, key=len)[-traffic.max_texts:]
+    c, stub, t = traffic.client, traffic.stub, traffic.timeout
+    # One valid large request at a time (together they would overflow a small queue), the hostile
+    # ones beside the first: each must be tokenised or refused without holding up the event loop.
+    heavy = [
+        (f"{len(longest)} longest texts, beam {min(5, traffic.max_beam)}", "Translate", GOOD,
+         lambda: c.translate(longest, beam_size=min(5, traffic.max_beam), timeout=t)),
+        (f"{len(longest)} longest texts, greedy", "Translate", GOOD, lambda: c.translate(longest, timeout=t)),
+        (f"embed {len(longest)} longest texts", "Embed", GOOD, lambda: c.embed(longest, timeout=t)),
+    ]
+    hostile = [
+        ("1000 texts", "Translate", INVALID,
+         lambda: stub.Translate(pb.TranslateRequest(texts=longest[:1] * 1000), timeout=t)),
+        ("a 100,000-character text", "Translate", INVALID,
+         lambda: stub.Translate(pb.TranslateRequest(texts=["word " * 20_000]), timeout=t)),
+        # 3.8 MB, just under a 4 MiB receive limit: refused on length, at best before it is tokenised
+        # at all. A server that tokenises it on its event loop stops answering for seconds.
+        ("38 texts of 100,000 characters", "Translate", INVALID,
+         lambda: stub.Translate(pb.TranslateRequest(texts=["word " * 20_000] * 38), timeout=t)),
+    ]
+    stop = asyncio.Event()
+    probing = asyncio.ensure_future(probe.run("health_large", 0.01, stop))
+    await asyncio.sleep(0.05)  # a few checks at rest first, as a baseline
+
+    async def one(name, rpc, allowed, fn):
+        async def call():
+            await fn()
+        return name, await traffic.rec.call("large_request", rpc, t, call, allowed=allowed, detail=name)
+
+    async def in_turn():
+        return [await one(*job) for job in heavy]
+    first, *rest = await asyncio.gather(in_turn(), *(one(*job) for job in hostile))
+    done = first + rest
+    stop.set()
+    return await probing, {name: r.code for name, r in done}
+
+
+async def main_load(args, traffic: Traffic, probe: HealthProbe, golden: list[str]) -> tuple[list, list[float]]:
+    """The mixed load; at 40% of it, bursts past the queue limit while the golden sentences run again."""
+    rec = traffic.rec
+    rec.enter("load")
+    seconds = args.duration * 0.9
+    stop_probe = asyncio.Event()
+    probing = asyncio.ensure_future(probe.run("health_probe", 0.1, stop_probe))
+    load = asyncio.ensure_future(workers(traffic, args.concurrency, seconds, args.max_rpcs, args.seed))
+    await asyncio.wait([load], timeout=0.4 * seconds)
+    rec.enter("heavy")
+    golden_done = asyncio.Event()
+
+    async def bursts():
+        for wave in range(5):  # until the golden pass is done: the slots stay full while it runs
+            await traffic.burst(args.burst_calls, args.seed + wave)
+            if golden_done.is_set():
+                return
+    bursting = asyncio.ensure_future(bursts())
+    await asyncio.sleep(0.3)  # the first wave has filled the slots and the queue
+    under_load = await traffic.golden("golden_load", golden, retry_for=60.0)
+    golden_done.set()
+    await bursting
+    rec.enter("load")
+    await load
+    stop_probe.set()
+    return under_load, await probing
+
+
+async def progress(rec: Recorder, rss: Optional[RssSampler], stop: asyncio.Event, every: float = 5.0) -> None:
+    while not stop.is_set():
+        try:
+            await asyncio.wait_for(stop.wait(), every)
+            return
+        except TimeoutError:
+            pass
+        codes = Counter(r.code for r in rec.records)
+        mem = f" rss {rss.samples[-1]['rss_mb']:.0f} MB" if rss and rss.samples else ""
+        print(f"[{rec.elapsed():6.1f} s] {rec.phase:<6} {len(rec.records):6d} calls (+{rec.in_flight} in flight)"
+              f"{mem} | " + " ".join(f"{c}={n}" for c, n in codes.most_common())
+              + f" | unexpected {sum(r.unexpected for r in rec.records)}", flush=True)
+
+
+async def run(args, argv: list[str]) -> dict:
+    flags = ["--max-queue-size", str(args.max_queue_size), "--grace-period-s", str(args.grace_period),
+             *shlex.split(args.server_args)]
+    server = None
+    if args.target is None:
+        server = ServerProcess(flags, Path(tempfile.mkstemp(prefix="soak-server-", suffix=".log")[1]))
+        print(f"starting python -m server {' '.join(flags)} on {server.target} (log {server.log_path})", flush=True)
+    try:
+        return await soak(args, argv, server, flags if server else [])
+    finally:
+        if server:
+            server.stop()
+
+
+async def soak(args, argv: list[str], server: Optional[ServerProcess], flags: list[str]) -> dict:
+    target = args.target or server.target
+    metrics_url = args.metrics_url or (server.metrics_url if server else None)
+    if server:
+        await server.wait_serving()
+    rec = Recorder()
+    rec.enter("rest")
+    got: list[pb.ListModelsResponse] = []
+    async with AsyncTranslatorClient(target, timeout=30, retries=0) as setup:
+        async def list_models():
+            got.append(await setup.list_models())
+        first = await rec.call("list_models", "ListModels", 30.0, list_models)  # recorded: the server counts it
+    if not got:
+        raise RuntimeError(f"ListModels failed: {first.code} {first.note}")
+    models = got[0]
+    sentences = flickr_sentences()[:200]
+    golden = sentences[:args.golden]
+    traffic = Traffic(target, rec, sentences, models, args.call_timeout, args.seed)
+    probe = HealthProbe(target, rec)
+    stop = asyncio.Event()
+    rss = RssSampler(server, rec) if server else None
+    background = [asyncio.ensure_future(progress(rec, rss, stop))] + ([asyncio.ensure_future(rss.run(stop))]
+                                                                      if rss else [])
+    if rss:
+        rss.sample("start")
+    at_rest = await traffic.golden("golden_rest", golden)
+    rec.enter("warmup")
+    for category in MIX:  # every category at least once, whatever the random mix draws later
+        await traffic.runners[category](random.Random(args.seed))
+    await traffic.every_fuzz_case()
+    await workers(traffic, max(2, args.concurrency // 4), args.duration * 0.1, args.max_rpcs, args.seed + 7)
+    if rss:
+        rss.sample("after_warmup")
+    health_large, large = await large_window(traffic, probe)
+    under_load, health_load = await main_load(args, traffic, probe, golden)
+    rec.enter("settle")
+    metrics = None
+    if metrics_url:
+        metrics = await settle(metrics_url)
+        before_drain = list(rec.records)
+        metrics["client_counts"] = {rpc: dict(c) for rpc, c in sorted(client_counts(before_drain).items())}
+        metrics["consistency"] = metrics_consistency(before_drain, metrics["server_counts"])
+    if rss:
+        rss.sample("end")
+    drained = await drain(server, traffic, args.grace_period) if server else None
+    rec.enter("done")
+    stop.set()
+    await asyncio.gather(*background)
+    await traffic.close()
+    await probe.close()
+    log = server.log_text() if server else ""
+    records = rec.records
+    summary = {
+        "config": {"argv": argv, "target": target, "server_flags": flags, "duration": args.duration,
+                   "concurrency": args.concurrency, "seed": args.seed, "max_rpcs": args.max_rpcs,
+                   "call_timeout": args.call_timeout, "burst_calls": args.burst_calls,
+                   "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"},
+        "codes": code_table(records), "allowed": allowed_table(records),
+        "golden": golden_compare(golden, at_rest, under_load),
+        "health": {"under_load": latency_stats(health_load, args.health_slo_ms),
+                   "large": latency_stats(health_large, args.health_slo_ms)},
+        "large_requests": large, "metrics": metrics, "drain": drained, "rss": rss.summary() if rss else None,
+        "timeline": timeline(records, rec.elapsed()), "phases": rec.phases, "wall_seconds": rec.elapsed(),
+        "server_log": str(server.log_path) if server else None, "server_tracebacks": log.count("Traceback"),
+        "_records": records,
+    }
+    checks = evaluate(summary, args.strict_timing, args.health_slo_ms, args.stall_ms, args.max_rss_growth)
+    summary["checks"] = [c.as_dict() for c in checks]
+    summary["passed"] = verdict(checks)
+    return summary
+
+
+def loopback(value: str) -> str:
+    host = value.rsplit(":", 1)[0].split("//")[-1]
+    if host not in LOOPBACK:
+        raise argparse.ArgumentTypeError(f"{value!r}: the harness only talks to {', '.join(LOOPBACK)}")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.soak", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--duration", type=float, default=60.0,
+                   help="seconds of load (warm-up 10%% + mixed load); start-up, the at-rest pass, the large-"
+                   "request window, settling and the drain come on top (default: %(default)s)")
+    p.add_argument("--max-rpcs", type=int, default=100_000,
+                   help="start no more load calls once this many calls have started (default: %(default)s)")
+    p.add_argument("--concurrency", type=int, default=16, help="workers in the mixed load (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seeds the mix, the fuzz corpus and sampling "
+                   "(default: %(default)s)")
+    p.add_argument("--json", type=Path, help="also write the summary and every unexpected call as JSON here")
+    p.add_argument("--out", type=Path, default=ROOT / "docs" / "soak.md",
+                   help="Markdown report; the PNG goes beside it (default: docs/soak.md)")
+    p.add_argument("--target", type=loopback, help="soak a running server at 127.0.0.1:PORT instead of starting "
+                   "one (no RSS, no drain)")
+    p.add_argument("--metrics-url", type=loopback, help="with --target: its /metrics URL (else no metric checks)")
+    p.add_argument("--max-queue-size", type=int, default=64,
+                   help="the started server's queue limit, small so bursts overflow it (default: %(default)s)")
+    p.add_argument("--grace-period", type=float, default=10.0,
+                   help="the started server's --grace-period-s (default: %(default)s)")
+    p.add_argument("--server-args", default="", help="more flags for `python -m server`, one string")
+    p.add_argument("--call-timeout", type=float, default=30.0,
+                   help="client deadline of calls that should finish, in seconds (default: %(default)s)")
+    p.add_argument("--burst-calls", type=int, default=32, help="requests of max_texts_per_request / 8 texts at "
+                   "once per burst wave: 256 texts against the default queue of 64 (default: %(default)s)")
+    p.add_argument("--golden", type=int, default=30, help="sentences compared at rest and under load "
+                   "(default: %(default)s)")
+    p.add_argument("--health-slo-ms", type=float, default=50.0,
+                   help="health-check latency target during large requests (default: %(default)s)")
+    p.add_argument("--stall-ms", type=float, default=1000.0,
+                   help="a health check slower than this during large requests is a blocked event loop; "
+                   "gates the exit code (default: %(default)s)")
+    p.add_argument("--strict-timing", action="store_true", help="let the --health-slo-ms check gate the exit code")
+    p.add_argument("--max-rss-growth", type=float, help="fail when RSS grows more than this %% after warm-up")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser().parse_args(argv)
+    try:
+        summary = asyncio.run(run(args, argv))
+    except RuntimeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    write(summary, args.out, args.json)
+    for c in summary["checks"]:
+        mark = {True: "pass", False: "FAIL", None: "skip"}[c["ok"]]
+        print(f"  {mark:4}  {c['name']}{'' if c['gating'] else ' (does not gate)'}: {c['detail']}")
+    print(f"{'PASS' if summary['passed'] else 'FAIL'}: report {args.out}" + (f", JSON {args.json}" if args.json else ""))
+    return 0 if summary["passed"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

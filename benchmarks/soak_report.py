@@ -1,0 +1,143 @@
+"""The soak harness's outputs: Markdown report, JSON summary and a PNG of RSS and RPC rate over time."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from benchmarks.soak_traffic import Record
+
+
+def timeline(records: list[Record], seconds: float) -> dict:
+    """Answers per second (by completion time), all and not-OK."""
+    n = int(seconds) + 2
+    total, failed = [0] * n, [0] * n
+    for r in records:
+        i = min(int(r.t + r.latency), n - 1)
+        total[i] += 1
+        failed[i] += r.code != "OK"
+    return {"second": list(range(n)), "answers": total, "not_ok": failed}
+
+
+def plot(summary: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 6), sharex=True)
+    rss = (summary["rss"] or {}).get("samples", [])
+    if rss:
+        top.plot([s["t"] for s in rss], [s["rss_mb"] for s in rss], "-", color="tab:blue")
+    top.set_ylabel("server RSS (MB)")
+    tl = summary["timeline"]
+    bottom.plot(tl["second"], tl["answers"], "-", label="answers/s", color="tab:green")
+    bottom.plot(tl["second"], tl["not_ok"], "-", label="not OK/s", color="tab:red", alpha=0.7)
+    bottom.set_ylabel("RPCs per second")
+    bottom.set_xlabel("seconds since the server was SERVING")
+    bottom.legend(fontsize=8)
+    for ax in (top, bottom):
+        for i, ph in enumerate(summary["phases"]):
+            ax.axvspan(ph["start"], ph["end"], color=f"C{i % 10}", alpha=0.08)
+        ax.grid(alpha=0.3)
+    span = max((ph["end"] for ph in summary["phases"]), default=1.0) or 1.0
+    for ph in summary["phases"]:
+        if ph["end"] - ph["start"] < 0.04 * span:
+            continue  # too narrow for its name (settle, done)
+        top.text((ph["start"] + ph["end"]) / 2, 1.01, ph["name"], transform=top.get_xaxis_transform(),
+                 ha="center", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _codes(codes: dict) -> str:
+    return ", ".join(f"{c} {n}" for c, n in sorted(codes.items(), key=lambda kv: -kv[1]))
+
+
+def render(s: dict, png_name: str) -> str:
+    cfg, records = s["config"], s["_records"]
+    lines = ["# Soak and fuzz run", "",
+             f"Verdict: **{'PASS' if s['passed'] else 'FAIL'}** (exit code {0 if s['passed'] else 1}).", "",
+             f"Command: `python -m benchmarks.soak {' '.join(cfg['argv'])}`. Target {cfg['target']}"
+             f"{' (started by the harness: ' + ' '.join(cfg['server_flags']) + ')' if cfg['server_flags'] else ''}; "
+             f"{cfg['duration']} s of load at concurrency {cfg['concurrency']}, seed {cfg['seed']}, "
+             f"{len(records)} calls in {s['wall_seconds']:.0f} s; machine: {cfg['machine']}.", "",
+             "## Checks", "", "| check | result | gates the exit code | detail |", "|---|---|---|---|"]
+    for c in s["checks"]:
+        result = {True: "pass", False: "**FAIL**", None: "skipped"}[c["ok"]]
+        lines.append(f"| {c['name']} | {result} | {'yes' if c['gating'] else 'no'} | {c['detail']} |")
+    lines += ["", "## Status codes per category", "",
+              "| category | calls | codes | allowed | unexpected | latency p50 / p99 / max (ms) |", "|---|---|---|---|---|---|"]
+    by_cat: dict[str, list[Record]] = {}
+    for r in records:
+        by_cat.setdefault(r.category, []).append(r)
+    for cat, rs in sorted(by_cat.items()):
+        lat = sorted(r.latency * 1e3 for r in rs)
+        pct = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))]  # noqa: E731
+        bad = sum(r.unexpected for r in rs)
+        lines.append(f"| {cat} | {len(rs)} | {_codes(s['codes'][cat])} | {', '.join(s['allowed'][cat])} | "
+                     f"{'**' + str(bad) + '**' if bad else 0} | {pct(0.5):.1f} / {pct(0.99):.1f} / {lat[-1]:.1f} |")
+    modes = Counter(r.detail for r in records if r.category in ("translate_one", "translate_many", "stream"))
+    lines += ["", f"Decoding modes of translate_one / translate_many / stream: {_codes(modes)}.", ""]
+    bad = [r for r in records if r.unexpected]
+    if bad:
+        lines += ["## Unexpected answers (first 30 of each category and code)", "",
+                  "| category | case | code | allowed | t (s) | details |", "|---|---|---|---|---|---|"]
+        seen: Counter = Counter()
+        for r in bad:
+            seen[r.category, r.code] += 1
+            if seen[r.category, r.code] <= 30:
+                note = r.note.replace("|", "\\|").replace("\n", " ")[:160]
+                detail = r.detail.replace("|", "\\|")
+                lines.append(f"| {r.category} | {detail} | {r.code} | {', '.join(sorted(r.allowed))} | "
+                             f"{r.t:.1f} | {note} |")
+        lines.append("")
+    g = s["golden"]
+    lines += ["## Greedy outputs at rest vs under load", "",
+              f"{g['sentences']} test sentences, one per call, greedy: {g['compared']} compared, "
+              f"{len(g['mismatches'])} differ, {len(g['missing'])} without an answer.", ""]
+    for mm in g["mismatches"][:10]:
+        lines += [f"- `{mm['source']}`: at rest `{mm['at_rest']}`, under load `{mm['under_load']}`"]
+    rss = s["rss"]
+    if rss:
+        growth = rss["growth_pct_after_warmup"]
+        lines += ["", "## Server memory (VmRSS)", "", "| start | after warm-up | peak | end | growth after warm-up |",
+                  "|---|---|---|---|---|",
+                  f"| {rss['start_mb']:.0f} MB | {rss['after_warmup_mb']:.0f} MB | {rss['peak_mb']:.0f} MB | "
+                  f"{rss['end_mb']:.0f} MB | {'' if growth is None else f'{growth:+.1f}%'} |"]
+    m = s["metrics"]
+    if m:
+        lines += ["", "## Metrics after the load settled", "",
+                  f"Gauges: {m['gauges']} (settled: {m['settled']}, after {m['settle_seconds']} s).", "",
+                  "| rpc | server nmt_requests_total | client saw |", "|---|---|---|"]
+        for rpc in sorted(set(m["server_counts"]) | set(m["client_counts"])):
+            lines.append(f"| {rpc} | {_codes(m['server_counts'].get(rpc, {}))} | "
+                         f"{_codes(m['client_counts'].get(rpc, {}))} |")
+    h = s["health"]
+    lines += ["", "## Health-check latency", "", "| when | checks | p50 (ms) | p99 (ms) | max (ms) |", "|---|---|---|---|---|"]
+    for when, key in (("during the mixed load (a check every 100 ms)", "under_load"),
+                      ("during large requests only (a check every 10 ms)", "large")):
+        st = h[key]
+        lines.append(f"| {when} | {st.get('n', 0)} | {st.get('p50_ms', '')} | {st.get('p99_ms', '')} | "
+                     f"{st.get('max_ms', '')} |")
+    lines += ["", f"Large requests in that window: {s['large_requests']}.", ""]
+    if s["drain"]:
+        d = s["drain"]
+        lines += ["## SIGTERM drain", "", f"In flight at SIGTERM: {d['streams_in_flight_at_sigterm']}; health after "
+                  f"SIGTERM: {d['health_after_sigterm']}; codes: {d['codes']}; exit code {d['exit_code']} "
+                  f"{d['exit_seconds_after_sigterm']} s after SIGTERM (grace {d['grace_period_s']} s).", ""]
+    if s.get("server_log"):
+        lines += [f"Server log: `{s['server_log']}` ({s['server_tracebacks']} tracebacks).", ""]
+    lines += [f"![RSS and RPC rate]({png_name})", ""]
+    return "\n".join(lines) + "\n"
+
+
+def write(summary: dict, out: Path, json_path: Path | None) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    png = out.with_suffix(".png")
+    plot(summary, png)
+    out.write_text(render(summary, png.name), encoding="utf-8")
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        public = {k: v for k, v in summary.items() if not k.startswith("_")}
+        public["unexpected_calls"] = [r.as_dict() for r in summary["_records"] if r.unexpected][:500]
+        json_path.write_text(json.dumps(public, indent=1, default=str), encoding="utf-8")

@@ -1,0 +1,233 @@
+"""The server under soak: start `python -m server` on loopback, sample its memory, read its metrics,
+and drain it with SIGTERM while calls are in flight."""
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Optional
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from benchmarks.soak_traffic import Recorder, Traffic, read_stream
+from protos.nmt.v1 import translator_pb2 as pb
+
+ROOT = Path(__file__).resolve().parents[1]
+GAUGES = ("nmt_running_requests", "nmt_waiting_requests", "nmt_kv_cache_usage_ratio")
+
+
+def free_port() -> int:
+    """A free loopback port (as benchmarks/serving_load.py picks one; not imported, to keep its load
+    generator's imports out of the harness)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServerProcess:
+    """`python -m server` on free loopback ports, its output in a log file (a pipe nobody reads
+    would fill up and block the server mid-run)."""
+
+    def __init__(self, flags: list[str], log_path: Path):
+        self.port, self.metrics_port = free_port(), free_port()
+        self.log_path = log_path
+        self._log = open(log_path, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(self.port),
+             "--metrics-port", str(self.metrics_port), *flags],
+            cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT)
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    async def wait_serving(self, timeout: float = 180.0) -> None:
+        async with grpc.aio.insecure_channel(self.target) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            end = time.monotonic() + timeout
+            while time.monotonic() < end:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"the server exited with {self.proc.returncode}:\n{self.log_tail()}")
+                try:
+                    resp = await stub.Check(health_pb2.HealthCheckRequest(), timeout=2.0)
+                    if resp.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.aio.AioRpcError:
+                    pass  # not listening yet
+                await asyncio.sleep(0.2)
+        raise RuntimeError(f"the server was not SERVING after {timeout:.0f} s:\n{self.log_tail()}")
+
+    def rss_mb(self) -> Optional[float]:
+        try:
+            status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        except OSError:
+            return None  # exited
+        m = re.search(r"^VmRSS:\s+(\d+) kB", status, re.M)
+        return int(m.group(1)) / 1024 if m else None
+
+    def log_text(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def log_tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def stop(self) -> None:
+        """Only for the harness's own failures: the drain test sends SIGTERM itself."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
+        self._log.close()
+
+
+class RssSampler:
+    """VmRSS of the server every `period` seconds, tagged with the harness's phase."""
+
+    def __init__(self, server: ServerProcess, recorder: Recorder, period: float = 1.0):
+        self.server, self.rec, self.period = server, recorder, period
+        self.samples: list[dict] = []
+        self.marks: dict[str, float] = {}
+
+    def sample(self, mark: Optional[str] = None) -> Optional[float]:
+        rss = self.server.rss_mb()
+        if rss is not None:
+            self.samples.append({"t": round(self.rec.elapsed(), 2), "rss_mb": round(rss, 1), "phase": self.rec.phase})
+            if mark:
+                self.marks[mark] = rss
+        return rss
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            self.sample()
+            try:
+                await asyncio.wait_for(stop.wait(), self.period)
+            except TimeoutError:
+                pass
+
+    def summary(self) -> dict:
+        values = [s["rss_mb"] for s in self.samples]
+        m = self.marks
+        base = m.get("after_warmup")
+        growth = 100.0 * (m["end"] - base) / base if base and "end" in m else None
+        return {"start_mb": m.get("start"), "after_warmup_mb": base, "peak_mb": max(values, default=None),
+                "end_mb": m.get("end"), "growth_pct_after_warmup": growth, "samples": self.samples}
+
+
+# -- /metrics ----------------------------------------------------------------------------------------------
+def scrape(url: str) -> list[tuple[str, dict, float]]:
+    """Every sample of a Prometheus text page as (name, labels, value)."""
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    out = []
+    for line in text.splitlines():
+        m = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$", line)
+        if m:
+            out.append((m.group(1), dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or "")), float(m.group(3))))
+    return out
+
+
+def gauges(samples: list[tuple[str, dict, float]]) -> dict[str, float]:
+    return {g: sum(v for name, _, v in samples if name == g) for g in GAUGES}
+
+
+def request_counts(samples: list[tuple[str, dict, float]]) -> dict[str, dict[str, int]]:
+    """nmt_requests_total as {rpc: {code: n}}."""
+    out: dict[str, dict[str, int]] = {}
+    for name, labels, value in samples:
+        if name == "nmt_requests_total" and value:
+            out.setdefault(labels.get("rpc", "?"), {})[labels.get("code", "?")] = int(value)
+    return out
+
+
+async def settle(url: str, timeout: float = 15.0) -> dict:
+    """Poll until the running / waiting / KV gauges read 0 (or the timeout); the last scrape's counts."""
+    t0 = time.monotonic()
+    while True:
+        samples = await asyncio.to_thread(scrape, url)
+        now = gauges(samples)
+        settled = all(v == 0 for v in now.values())
+        if settled or time.monotonic() - t0 >= timeout:
+            return {"settled": settled, "gauges": now, "settle_seconds": round(time.monotonic() - t0, 2),
+                    "server_counts": request_counts(samples)}
+        await asyncio.sleep(0.1)
+
+
+# -- drain ---------------------------------------------------------------------------------------------------
+async def drain(server: ServerProcess, traffic: Traffic, grace: float, streams: int = 6, unary: int = 4) -> dict:
+    """SIGTERM under load. Long streams are surely in flight (each has sent a message), unary calls have
+    just been sent; after SIGTERM, new calls must be refused (UNAVAILABLE) once health says NOT_SERVING,
+    the in-flight ones must finish or be refused, and the process must exit 0 within the grace period."""
+    rec = traffic.rec
+    rec.enter("drain")
+    timeout = grace + 30.0
+    first = [asyncio.Event() for _ in range(streams)]
+
+    async def long_stream(i: int):
+        # Near-uniform sampling rarely stops early: still decoding when SIGTERM lands.
+        call = traffic.stub.TranslateStream(pb.TranslateStreamRequest(
+            text=traffic.sentences[i], options=pb.DecodingOptions(temperature=5.0, seed=i, max_output_tokens=200)),
+            timeout=timeout)
+        return await read_stream(call, on_message=first[i].set)
+
+    async def unary_call(i: int):
+        await traffic.client.translate(traffic.sentences[i:i + 8], timeout=timeout)
+
+    inflight = [asyncio.ensure_future(rec.call("drain_inflight", "TranslateStream", timeout,
+                                               lambda i=i: long_stream(i), detail="long stream"))
+                for i in range(streams)]
+    try:
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in first)), 30.0)
+        started = True
+    except TimeoutError:
+        started = False
+    inflight += [asyncio.ensure_future(rec.call("drain_inflight", "Translate", timeout, lambda i=i: unary_call(i),
+                                                detail="8 texts")) for i in range(unary)]
+    await asyncio.sleep(0.05)  # let the unary requests leave the client
+    t_term = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)
+    not_serving = await _wait_not_serving(server.target)
+    await asyncio.sleep(0.05)
+    refused = [await rec.call("drain_new", "Translate", 5.0, lambda: traffic.client.translate(["A dog."], timeout=5.0))
+               for _ in range(5)]
+    done = await asyncio.gather(*inflight)
+    try:
+        rc = await asyncio.to_thread(server.proc.wait, grace + 15.0)
+    except subprocess.TimeoutExpired:
+        rc = None
+    exit_s = time.monotonic() - t_term
+    records = list(done) + refused
+    codes: dict[str, int] = {}
+    for r in records:
+        codes[f"{r.category}:{r.code}"] = codes.get(f"{r.category}:{r.code}", 0) + 1
+    ok = started and rc == 0 and exit_s <= grace + 15.0 and not any(r.unexpected for r in records)
+    return {"ok": ok, "streams_in_flight_at_sigterm": started, "health_after_sigterm": not_serving,
+            "exit_code": rc, "exit_seconds_after_sigterm": round(exit_s, 2), "grace_period_s": grace,
+            "codes": codes}
+
+
+async def _wait_not_serving(target: str, timeout: float = 5.0) -> str:
+    """What health says after SIGTERM: NOT_SERVING, or the error once the port is closed."""
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        end = time.monotonic() + timeout
+        status = "SERVING"
+        while time.monotonic() < end:
+            try:
+                resp = await stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+                status = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+            except grpc.aio.AioRpcError as e:
+                return e.code().name
+            if status != "SERVING":
+                return status
+            await asyncio.sleep(0.02)
+        return status

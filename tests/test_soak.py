@@ -1,0 +1,112 @@
+"""The soak-and-fuzz harness (benchmarks/soak.py) end to end: 40 s of mixed, hostile load against a real
+`python -m server` subprocess, then a SIGTERM drain; its verdict and the counts behind it.
+
+Nothing here depends on timing luck: how many calls meet a full queue, a deadline or a cancellation
+varies from run to run, so the tests assert the set of codes each category may get, never a count.
+The harness's 50 ms health target does not gate its exit code by default; its stall check does, at
+twenty times that (1 s while only a few large requests run): a blocked event loop, not a hiccup.
+"""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.soak_traffic import EXPECTED
+
+ROOT = Path(__file__).resolve().parents[1]
+NEVER = {"INTERNAL", "UNKNOWN", "HANG", "BAD_RESPONSE", "CLIENT_ERROR"}
+# The test's own statement of the contract for the categories where only one answer is right.
+EXACT = {"fuzz_raw": {"INVALID_ARGUMENT"}, "golden_rest": {"OK"}, "list_models": {"OK"}, "health": {"OK"},
+         "health_probe": {"OK"}, "health_large": {"OK"}, "drain_new": {"UNAVAILABLE"},
+         "drain_inflight": {"OK", "UNAVAILABLE"}}
+
+
+@pytest.fixture(scope="module")
+def soak(tmp_path_factory):
+    out = tmp_path_factory.mktemp("soak")
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.soak", "--duration", "40", "--seed", "1",
+                           "--out", str(out / "soak.md"), "--json", str(out / "soak.json")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert (out / "soak.json").exists(), f"no report (exit {proc.returncode}):\n{proc.stdout[-4000:]}\n" \
+                                         f"{proc.stderr[-4000:]}"
+    return proc, json.loads((out / "soak.json").read_text()), out
+
+
+def check(summary: dict, name: str) -> dict:
+    return next(c for c in summary["checks"] if c["name"].startswith(name))
+
+
+def unexpected(summary: dict, category: str) -> list:
+    return [c for c in summary["unexpected_calls"] if c["category"] == category][:5]
+
+
+def test_every_category_is_exercised(soak):
+    _, s, _ = soak
+    assert set(EXPECTED) <= set(s["codes"]), sorted(set(EXPECTED) - set(s["codes"]))
+    assert all(sum(codes.values()) > 0 for codes in s["codes"].values())
+
+
+def test_no_internal_unknown_or_hang_anywhere(soak):
+    _, s, _ = soak
+    seen = {f"{cat}:{code}" for cat, codes in s["codes"].items() for code in codes if code in NEVER}
+    assert not seen, seen
+    server = {f"{rpc}:{code}" for rpc, codes in s["metrics"]["server_counts"].items() for code in codes
+              if code in {"INTERNAL", "UNKNOWN"}}
+    assert not server, server
+    assert check(s, "no INTERNAL")["ok"] and check(s, "no hangs")["ok"]
+
+
+def test_every_category_gets_only_codes_it_allows(soak):
+    _, s, _ = soak
+    for category, codes in s["codes"].items():
+        allowed = EXACT.get(category, set(s["allowed"][category])) - NEVER
+        assert set(codes) <= allowed, (category, codes, sorted(allowed), unexpected(s, category))
+    assert check(s, "every code expected")["ok"], check(s, "every code expected")["detail"]
+
+
+def test_fuzzed_payloads_and_options_are_refused_cleanly(soak):
+    _, s, _ = soak
+    assert set(s["codes"]["fuzz_raw"]) == {"INVALID_ARGUMENT"}, unexpected(s, "fuzz_raw")
+    assert "INVALID_ARGUMENT" in s["codes"]["fuzz_options"]
+    assert not unexpected(s, "fuzz_options"), unexpected(s, "fuzz_options")
+    assert s["large_requests"]["1000 texts"] == "INVALID_ARGUMENT"
+    assert s["large_requests"]["a 100,000-character text"] == "INVALID_ARGUMENT"
+
+
+def test_greedy_outputs_equal_at_rest_and_under_load(soak):
+    _, s, _ = soak
+    g = s["golden"]
+    assert g["compared"] == g["sentences"] == 30, g["missing"]
+    assert not g["mismatches"], g["mismatches"][:3]
+
+
+def test_gauges_settle_and_request_counts_agree_with_the_client(soak):
+    _, s, _ = soak
+    m = s["metrics"]
+    assert m["settled"] and all(v == 0 for v in m["gauges"].values()), m["gauges"]
+    assert not m["consistency"], m["consistency"]
+
+
+def test_sigterm_drain_is_clean(soak):
+    _, s, _ = soak
+    d = s["drain"]
+    assert d["streams_in_flight_at_sigterm"] and d["exit_code"] == 0, d
+    assert set(s["codes"]["drain_new"]) == {"UNAVAILABLE"}, d
+    assert d["ok"], d
+
+
+def test_health_answers_while_large_requests_run(soak):
+    _, s, _ = soak
+    assert s["health"]["large"]["n"] > 0
+    assert check(s, "no event-loop stall")["ok"], check(s, "no event-loop stall")["detail"]
+
+
+def test_verdict_exit_code_and_report(soak):
+    proc, s, out = soak
+    assert (out / "soak.md").read_text().startswith("# Soak and fuzz run")
+    assert (out / "soak.png").stat().st_size > 0
+    assert s["rss"]["peak_mb"] > 0 and s["health"]["large"]["n"] > 0
+    failed = [f"{c['name']}: {c['detail']}" for c in s["checks"] if c["gating"] and c["ok"] is False]
+    assert s["passed"] and proc.returncode == 0, failed

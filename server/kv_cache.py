@@ -9,14 +9,40 @@ Per slot: self-attention keys/values up to `max_target` steps, the
 cross-attention keys/values of its source (computed once by the encoder and
 copied into each of the request's rows), the source mask, and the number of
 self-attention entries written so far (= the row's next position).
+
+Step inputs go into buffers that are reused from step to step. A decode step
+needs every running row's past and cross keys/values as contiguous arrays;
+fresh ones each step (up to ~100 MB with 64 rows near 200 positions) went
+through malloc every time, and glibc either kept them or mapped them anew
+(page faults every step). The reused buffers are sized for every slot at full
+length, but like the cache they are mapped lazily (`lazy_zeros`), so only the
+largest step so far is resident (docs/memory.md). The cross keys/values only
+change when rows join, leave or move, so they are gathered again only then.
 """
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass
 
 import numpy as np
 
 from server.bundle import ModelSpec
+
+
+def lazy_zeros(shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
+    """Zeros in a private anonymous mapping: a 4 KB page becomes resident when first written.
+
+    np.zeros_like writes every byte (the cache's v and cross_v were fully resident from the
+    start, 96 MB), and numpy marks arrays of 4 MB and more MADV_HUGEPAGE: with transparent
+    huge pages in "madvise" mode (the usual setting) one write then makes a whole 2 MB
+    resident. The slot cache is written sparsely (a row fills only the first positions of
+    each head), so a cross-attention array with 40 of 256 source positions in use was
+    46 of 48 MB resident that way, 9 MB this way (docs/memory.md).
+    """
+    size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    if size == 0 or not hasattr(mmap, "MAP_PRIVATE"):  # not a POSIX system
+        return np.zeros(shape, dtype)
+    return np.frombuffer(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE), dtype).reshape(shape)
 
 
 @dataclass(eq=False)
@@ -34,14 +60,19 @@ class SlotCache:
         L, H, Dh = spec.n_dec_layers, spec.n_heads, spec.head_dim
         self.capacity = slots
         self.max_source, self.max_target = max_source, max_target
-        self.k = np.zeros((L, slots, H, max_target, Dh), dtype=np.float32)  # (L, N, H, T, Dh)
-        self.v = np.zeros_like(self.k)
-        self.cross_k = np.zeros((L, slots, H, max_source, Dh), dtype=np.float32)  # (L, N, H, S, Dh)
-        self.cross_v = np.zeros_like(self.cross_k)
+        self.k = lazy_zeros((L, slots, H, max_target, Dh))  # (L, N, H, T, Dh)
+        self.v = lazy_zeros(self.k.shape)
+        self.cross_k = lazy_zeros((L, slots, H, max_source, Dh))  # (L, N, H, S, Dh)
+        self.cross_v = lazy_zeros(self.cross_k.shape)
         self.src_mask = np.zeros((slots, max_source), dtype=bool)
         self.src_len = np.zeros(slots, dtype=np.int64)
         self.length = np.zeros(slots, dtype=np.int64)
         self.rows: list[Row] = []  # rows[i].slot == i
+        # Flat step-input buffers (see the module docstring); views of their heads are the step's inputs.
+        self._step = {name: lazy_zeros((a.size,)) for name, a in
+                      (("past_k", self.k), ("past_v", self.v), ("cross_k", self.cross_k), ("cross_v", self.cross_v))}
+        self._cross_key: tuple = ()  # (rows, source length, changes) the gathered cross inputs hold
+        self._changes = 0  # bumped whenever a slot's cross keys/values are written
 
     # -- occupancy ------------------------------------------------------------
     @property
@@ -73,6 +104,7 @@ class SlotCache:
             self.src_mask[slot, :s] = True
             self.src_len[slot] = s
             self.length[slot] = 0
+            self._changes += 1
             row = Row(slot, token)
             self.rows.append(row)
             out.append(row)
@@ -98,6 +130,7 @@ class SlotCache:
         self.cross_v[:, dst, :, :s] = self.cross_v[:, src, :, :s]
         self.src_mask[dst] = self.src_mask[src]
         self.src_len[dst], self.length[dst] = s, n
+        self._changes += 1
 
     def reorder(self, rows: list[Row], parents: list[int]) -> None:
         """Beam search: rows[i] continues the self-attention history of rows[parents[i]]."""
@@ -108,20 +141,38 @@ class SlotCache:
         self.v[:, slots, :, :n] = self.v[:, src, :, :n]
 
     # -- one decode step ------------------------------------------------------
+    def _gather(self, name: str, cache: np.ndarray, b: int, n: int) -> np.ndarray:
+        """cache[:, :b, :, :n] as a contiguous array in the reused buffer `name`."""
+        part = cache[:, :b, :, :n]
+        out = self._step[name][:part.size].reshape(part.shape)
+        np.copyto(out, part)
+        return out
+
     def step_inputs(self) -> dict[str, np.ndarray]:
-        """Inputs for decoding every running row once (B = running rows)."""
+        """Inputs for decoding every running row once (B = running rows).
+
+        past_k/v and cross_k/v are views of reused buffers: read them before the
+        next call, and never write to them.
+        """
         b = len(self.rows)
         lengths = self.length[:b]
         p = int(lengths.max()) if b else 0
         s = int(self.src_len[:b].max()) if b else 0
+        key = (b, s, self._changes)
+        if key != self._cross_key:
+            self._gather("cross_k", self.cross_k, b, s)
+            self._gather("cross_v", self.cross_v, b, s)
+            self._cross_key = key
+        shape = self.cross_k[:, :b, :, :s].shape
+        size = int(np.prod(shape))
         return {
             "tokens": np.array([[r.token] for r in self.rows], dtype=np.int64).reshape(b, 1),
             "positions": lengths[:, None].copy(),
-            "past_k": np.ascontiguousarray(self.k[:, :b, :, :p]),
-            "past_v": np.ascontiguousarray(self.v[:, :b, :, :p]),
+            "past_k": self._gather("past_k", self.k, b, p),
+            "past_v": self._gather("past_v", self.v, b, p),
             "past_mask": np.arange(p)[None, :] < lengths[:, None],
-            "cross_k": np.ascontiguousarray(self.cross_k[:, :b, :, :s]),
-            "cross_v": np.ascontiguousarray(self.cross_v[:, :b, :, :s]),
+            "cross_k": self._step["cross_k"][:size].reshape(shape),
+            "cross_v": self._step["cross_v"][:size].reshape(shape),
             "src_mask": np.ascontiguousarray(self.src_mask[:b, :s]),
         }
 

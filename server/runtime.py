@@ -35,6 +35,13 @@ class RuntimeOptions:
     inter_op_threads: int = 1
     allow_spinning: bool = True  # per-session pools only; the shared pool always may spin
     shared_pool: bool = True  # one intra-op pool for all sessions of the process (see above)
+    # ONNX Runtime's CPU arena (its default): keeps the largest step's intermediates for the next
+    # step, apart from numpy's and gRPC's malloc heaps. Off: the same RSS, slower steps (docs/memory.md).
+    cpu_mem_arena: bool = True
+    # Memory patterns (ONNX Runtime's default: on) plan one block per input shape, and the decode
+    # step's shape changes every step (past length, rows). With them, replaying 200 steps of 64 rows
+    # grew RSS by ~120 MB more, no faster (docs/memory.md). Off for every provider.
+    mem_pattern: bool = False
 
 
 def resolve_providers(provider: str) -> list[str]:
@@ -53,6 +60,10 @@ def resolve_providers(provider: str) -> list[str]:
     raise ValueError(f"unknown provider {provider!r} (auto, cpu or cuda)")
 
 
+# glibc keeps up to this much free memory at the top of each heap (see keep_freed_memory).
+KEEP_FREED_BYTES = 64 << 20
+
+
 def keep_freed_memory() -> bool:
     """Stop glibc from handing freed heap memory back to the kernel after every step.
 
@@ -60,12 +71,17 @@ def keep_freed_memory() -> bool:
     them; by default glibc trims the heap top or uses fresh mmaps for such sizes,
     so the next step page-faults all of it in again: ~7 ms per step for four
     3 MB arrays on the benchmark machine, against ~0.4 ms with the memory kept.
+    Blocks under 32 MB therefore come from the heap, and up to 64 MB free at a
+    heap's top stays there. It was 512 MB when each step also malloc'ed its
+    gathered keys/values (tens of MB); the slot cache now reuses buffers for
+    those, so 64 MB covers a step's churn while bounding what each of glibc's
+    per-thread heaps may hold (docs/memory.md).
     Process-wide, like the thread pool; a no-op where libc is not glibc.
     """
     try:
         libc = ctypes.CDLL("libc.so.6")
         m_trim_threshold, m_mmap_threshold = -1, -3
-        return bool(libc.mallopt(m_mmap_threshold, 32 << 20) and libc.mallopt(m_trim_threshold, 512 << 20))
+        return bool(libc.mallopt(m_mmap_threshold, 32 << 20) and libc.mallopt(m_trim_threshold, KEEP_FREED_BYTES))
     except (OSError, AttributeError):
         return False
 
@@ -96,6 +112,8 @@ def session_options(opts: RuntimeOptions, shared: bool = False) -> ort.SessionOp
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.use_per_session_threads = not shared
+    so.enable_cpu_mem_arena = opts.cpu_mem_arena
+    so.enable_mem_pattern = opts.mem_pattern
     if not shared:  # the shared pool's size was fixed when it was created
         so.intra_op_num_threads = opts.intra_op_threads
         so.inter_op_num_threads = opts.inter_op_threads

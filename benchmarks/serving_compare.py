@@ -29,20 +29,10 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from benchmarks.serving_load import cpu_seconds, free_port, wait_serving
+
 ROOT = Path(__file__).resolve().parents[1]
 CKPT = ROOT / "models/pretrained/multi30k-en-de-small/model.pt"
-
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def prepare(work: Path, precisions: list[str]) -> dict:
@@ -80,12 +70,7 @@ async def measure(kind: str, target: str, pid: int, texts: list[str], args) -> d
     from client.client import AsyncTranslatorClient
     from client.loadgen import grpc_stream, run_level
     async with AsyncTranslatorClient(target, timeout=300, retries=0) as client:
-        for _ in range(600):
-            try:
-                if await client.health() == "SERVING":
-                    break
-            except Exception:  # noqa: BLE001 (not up yet)
-                await asyncio.sleep(0.2)
+        await wait_serving(client)
         stream = grpc_stream(client)
         await run_level(stream, texts, 4, 16, 60)  # warm-up
         c0 = cpu_seconds(pid)

@@ -151,17 +151,22 @@ async def through_grpc(args, texts) -> dict:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         async with AsyncTranslatorClient(f"127.0.0.1:{port}", timeout=300, retries=0) as client:
-            for _ in range(600):
-                try:
-                    if await client.health() == "SERVING":
-                        break
-                except Exception:  # noqa: BLE001 (not up yet)
-                    await asyncio.sleep(0.2)
+            await wait_serving(client)
             cpu = lambda: (cpu_seconds(), cpu_seconds(proc.pid))  # noqa: E731 (client, server)
             return {"levels": await run_all(grpc_stream(client), texts, args, cpu)}
     finally:
         proc.terminate()
         proc.wait(60)
+
+
+async def wait_serving(client, tries: int = 600) -> None:
+    """Until the server's health says SERVING (it loads and warms its models first)."""
+    for _ in range(tries):
+        try:
+            if await client.health() == "SERVING":
+                return
+        except Exception:  # noqa: BLE001 (not up yet)
+            await asyncio.sleep(0.2)
 
 
 async def run_all(stream, texts, args, cpu) -> list[dict]:

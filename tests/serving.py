@@ -72,6 +72,17 @@ class ServerThread:
     def metrics_text(self) -> str:
         return urllib.request.urlopen(f"http://127.0.0.1:{self.app.metrics_port}/metrics", timeout=5).read().decode()
 
+    def settled_metric(self, name: str, expected: float, timeout: float = 20.0, **labels) -> float:
+        """The metric once it equals `expected` (or its value after `timeout`).
+
+        For counters that the handler updates after the status went out (nmt_requests_total):
+        a client may read its answer a moment before the server has counted it.
+        """
+        end = time.monotonic() + timeout
+        while (value := self.metric(name, missing_ok=True, **labels)) != expected and time.monotonic() < end:
+            time.sleep(0.02)
+        return value
+
     def metric(self, name: str, missing_ok: bool = False, **labels) -> float:
         """Sum of the samples of `name` whose labels include `labels` (0 if missing_ok and none yet)."""
         total, found = 0.0, False

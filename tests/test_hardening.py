@@ -205,6 +205,37 @@ def test_deadline_while_queued_is_counted_as_deadline_exceeded(server, client, c
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
+def test_status_for_a_call_that_ended_meanwhile_is_dropped_quietly(server, client, caplog, monkeypatch):
+    """A deadline expiring between the "is the call still live" check and the status send (about
+    once in 15,000 short-deadline calls of the soak): grpc fails the send with ExecuteBatchError,
+    which used to escape as an ERROR traceback. Forced here without timing luck: the handler
+    holds the event loop past the deadline (grpc core ends the call meanwhile, but the handler
+    cannot be cancelled), the first liveness check is told "live", then the error is raised."""
+    from server import service
+    from server.errors import InvalidArgument
+    real, calls = service._call_over, []
+
+    def live_once(context):
+        calls.append(1)
+        return None if len(calls) == 1 else real(context)
+
+    async def late_failure(request, context):
+        time.sleep(context.time_remaining() + 0.2)  # blocks the loop: no cancellation can arrive
+        raise InvalidArgument("too late to tell anyone")
+    monkeypatch.setattr(service, "_call_over", live_once)
+    monkeypatch.setattr(server.app.service, "_translate", late_failure)
+    before = server.metric("nmt_requests_total", missing_ok=True, rpc="Translate", code="DEADLINE_EXCEEDED")
+    err = rpc_error(lambda: client.translate(["A dog runs in the park."], timeout=0.3))
+    assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert wait_for(lambda: server.metric("nmt_requests_total", missing_ok=True, rpc="Translate",
+                                          code="DEADLINE_EXCEEDED") == before + 1)
+    assert len(calls) == 1  # told "live" once: the send was tried on the ended call
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], \
+        [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    monkeypatch.undo()
+    assert client.translate(["A dog."]).translations[0].hypotheses[0].text
+
+
 def test_unexpected_exception_is_internal_and_counted(server, client, monkeypatch):
     model = server.app.models[MODEL]
 
@@ -215,7 +246,9 @@ def test_unexpected_exception_is_internal_and_counted(server, client, monkeypatc
     err = rpc_error(lambda: client.translate(["A dog."]))
     assert err.code() == grpc.StatusCode.INTERNAL and "RuntimeError" in err.details()
     assert len(err.details()) < 300  # the exception text stays in the server log
-    assert wait_for(lambda: server.metric("nmt_requests_total", rpc="Translate", code="INTERNAL") == before + 1)
+    # The client can read the status before the server's handler has counted it: poll.
+    assert wait_for(lambda: server.metric("nmt_requests_total", missing_ok=True, rpc="Translate",
+                                          code="INTERNAL") == before + 1)
     monkeypatch.undo()
     assert client.translate(["A dog."]).translations[0].hypotheses[0].text
 

@@ -206,7 +206,7 @@ def test_bad_input_gets_clear_errors_and_server_keeps_serving(server, client):
     for call, code, words in cases:
         got, details = code_of(call)
         assert got == code and words in details, (got, details)
-    assert server.metric("nmt_requests_total", rpc="Translate", code="INVALID_ARGUMENT") == before + 9
+    assert server.settled_metric("nmt_requests_total", before + 9, rpc="Translate", code="INVALID_ARGUMENT") == before + 9
     server.wait_idle()
     assert client.translate(["A man is riding a bike."]).translations[0].hypotheses[0].text
 
@@ -245,7 +245,7 @@ def test_metrics_move(server, client):
         assert server.metric(name) > value, name
     n = len(list(client.translate_stream("A man is riding a bike.")))
     assert server.metric("nmt_stream_messages_total") == messages + n
-    assert server.metric("nmt_requests_total", rpc="Translate", code="OK") == ok + 1
+    assert server.settled_metric("nmt_requests_total", ok + 1, rpc="Translate", code="OK") == ok + 1
     text = server.metrics_text()
     assert 'nmt_request_duration_seconds_bucket{le="0.005",rpc="Translate"}' in text
     assert "nmt_kv_cache_usage_ratio" in text
@@ -316,8 +316,8 @@ def test_every_bundle_in_the_repository_is_served(tmp_path):
 
 
 def test_an_engine_failure_fails_its_batch_and_the_server_recovers(server, client):
-    runtime = server.app.models["multi30k-en-de-small"].runtime
-    real = runtime.decode_step
+    engine = server.app.models["multi30k-en-de-small"].engine
+    real = engine.decode_step
     calls = []
 
     def failing_once(*args, **kwargs):
@@ -325,11 +325,11 @@ def test_an_engine_failure_fails_its_batch_and_the_server_recovers(server, clien
         if len(calls) == 1:
             raise RuntimeError("injected failure")
         return real(*args, **kwargs)
-    runtime.decode_step = failing_once
+    engine.decode_step = failing_once
     try:
         got, details = code_of(lambda: client.translate(["A dog runs on the beach."]))
     finally:
-        del runtime.decode_step  # back to the class method
+        del engine.decode_step  # back to the class method
     assert got == grpc.StatusCode.INTERNAL and "injected failure" in details
     server.wait_idle()
     assert server.metric("nmt_kv_cache_usage_ratio") == 0

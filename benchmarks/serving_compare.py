@@ -54,10 +54,11 @@ def prepare(work: Path, precisions: list[str]) -> dict:
 
 def start(kind: str, prec: str, paths: dict, args) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    if kind == "ours":
+    if kind in ("ours", "before"):
+        flags = args.ours_flags if kind == "ours" else args.before_flags
         cmd = [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port), "--metrics-port", "-1",
                "--model-repository", paths["repo"], "--variant", prec, "--max-queue-size", "4096",
-               "--max-batch-size", str(args.max_batch_size), *args.ours_flags.split()]
+               "--max-batch-size", str(args.max_batch_size), *flags.split()]
     else:
         cmd = [sys.executable, "-m", "benchmarks.ct2_server", "--model", paths["ct2"], "--tokenizer",
                paths["tokenizer"], "--port", str(port), "--threads", str(args.ct2_threads),
@@ -138,22 +139,33 @@ def render(results: dict, args, argv: list[str]) -> str:
              f"{platform.python_version()}; both servers and the client share it. Median of {args.repeats} "
              "repeats, servers alternating; greedy decoding over test_2016_flickr.en.", "",
              f"Command: `python -m benchmarks.serving_compare {' '.join(argv)}`", ""]
+    if args.before_flags:
+        lines += [f"\"before\" is our server with `{args.before_flags}` (the previous code path), run in the "
+                  "same rotation.", ""]
     for prec, res in results.items():
-        ours, base = res["ours"], res["ct2"]
+        ours, base, before = res["ours"], res["ct2"], res.get("before")
+        extra_head, extra_rule = (" before tok/s | ours / before |", "---|---|") if before else ("", "")
         lines += [f"## {prec}", "",
-                  "| load | ours tok/s | CT2 server tok/s | ours / CT2 | TTFT p50 ours / CT2 (ms) | "
-                  "e2e p90 ours / CT2 (ms) | server CPU µs/token ours / CT2 |", "|---|---|---|---|---|---|---|"]
+                  f"| load | ours tok/s | CT2 server tok/s | ours / CT2 |{extra_head} TTFT p50 ours / CT2 (ms) | "
+                  "e2e p90 ours / CT2 (ms) | server CPU µs/token ours / CT2 |", f"|---|---|---|---|{extra_rule}---|---|---|"]
         for c in ours["streams"]:
             o, b = ours["streams"][c], base["streams"][c]
+            extra = ""
+            if before:
+                x = before["streams"][c]
+                extra = f" {x['tokens_per_s']:,.0f} | {o['tokens_per_s'] / x['tokens_per_s']:.2f} |"
             lines.append(f"| {c} streams | {o['tokens_per_s']:,.0f} | {b['tokens_per_s']:,.0f} | "
-                         f"**{o['tokens_per_s'] / b['tokens_per_s']:.2f}** | {o['ttft_p50_ms']:.1f} / "
+                         f"**{o['tokens_per_s'] / b['tokens_per_s']:.2f}** |{extra} {o['ttft_p50_ms']:.1f} / "
                          f"{b['ttft_p50_ms']:.1f} | {o['e2e_p90_ms']:.0f} / {b['e2e_p90_ms']:.0f} | "
                          f"{o['cpu_us_per_token']:.0f} / {b['cpu_us_per_token']:.0f} |")
+        extra = (f" {before['unary_tokens_per_s']:,.0f} | "
+                 f"{ours['unary_tokens_per_s'] / before['unary_tokens_per_s']:.2f} |") if before else ""
         lines.append(f"| unary, {args.unary_texts} texts x {args.unary_clients} clients | "
                      f"{ours['unary_tokens_per_s']:,.0f} | {base['unary_tokens_per_s']:,.0f} | "
-                     f"**{ours['unary_tokens_per_s'] / base['unary_tokens_per_s']:.2f}** | | | |")
+                     f"**{ours['unary_tokens_per_s'] / base['unary_tokens_per_s']:.2f}** |{extra} | | |")
         lines += ["", f"Idle server CPU: ours {ours['idle_cpu_percent']:.1f}% of a core, "
-                  f"CT2 server {base['idle_cpu_percent']:.1f}%.", ""]
+                  f"CT2 server {base['idle_cpu_percent']:.1f}%"
+                  + (f", before {before['idle_cpu_percent']:.1f}%" if before else "") + ".", ""]
     lines.append("![tokens/s](serving_compare.png)")
     return "\n".join(lines) + "\n"
 
@@ -165,11 +177,12 @@ def plot(results: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4), squeeze=False)
     for ax, (prec, res) in zip(axes[0], results.items()):
         levels = list(res["ours"]["streams"])
-        for kind, style in (("ours", "o-"), ("ct2", "s--")):
+        for i, (kind, style) in enumerate((("ours", "o-"), ("ct2", "s--"), ("before", "^:"))):
+            if kind not in res:
+                continue
             ax.plot([str(c) for c in levels], [res[kind]["streams"][c]["tokens_per_s"] for c in levels], style,
-                    label=f"{kind} streams")
-            ax.axhline(res[kind]["unary_tokens_per_s"], ls=":", color="C0" if kind == "ours" else "C1",
-                       label=f"{kind} unary batches")
+                    color=f"C{i}", label=f"{kind} streams")
+            ax.axhline(res[kind]["unary_tokens_per_s"], ls=":", color=f"C{i}", label=f"{kind} unary batches")
         ax.set(title=prec, xlabel="concurrent streams", ylabel="output tokens/s")
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -190,18 +203,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max-batch-size", type=int, default=64, help="decode slots (ours) / texts per batch (CT2)")
     p.add_argument("--ct2-threads", type=int, default=os.cpu_count() or 2)
     p.add_argument("--ours-flags", default="", help="extra flags for our server, e.g. '--stream-interval 4'")
+    p.add_argument("--before-flags", default="",
+                   help="also run our server with these flags as a third contender, e.g. '--decoder copy'")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default=str(ROOT / "docs/benchmarks/serving_compare.md"))
     args = p.parse_args(argv)
     if not Path(args.src_file).exists():
         args.src_file = str(ROOT / "tests/data/test_2016_flickr.head200.en")
     texts = Path(args.src_file).read_text(encoding="utf-8").splitlines()
-    raw: dict = {prec: {"ours": [], "ct2": []} for prec in args.precisions}
+    kinds = ["ours", "ct2"] + (["before"] if args.before_flags else [])
+    raw: dict = {prec: {kind: [] for kind in kinds} for prec in args.precisions}
     with tempfile.TemporaryDirectory() as tmp:
         paths = prepare(Path(tmp), args.precisions)
         for rep in range(args.repeats):
             for prec in args.precisions:
-                for kind in ("ours", "ct2") if rep % 2 == 0 else ("ct2", "ours"):
+                for kind in kinds[rep % len(kinds):] + kinds[:rep % len(kinds)]:  # rotate the order
                     print(f"repeat {rep + 1}/{args.repeats}, {prec}, {kind}:", file=sys.stderr, flush=True)
                     raw[prec][kind].append(run_one(kind, prec, paths[prec], texts, args))
     results = {prec: {kind: median_of(runs) for kind, runs in by.items()} for prec, by in raw.items()}

@@ -40,7 +40,8 @@ def free_port() -> int:
 def server_flags(args) -> list[str]:
     return ["--model-repository", args.repository, "--max-batch-size", str(args.max_batch_size),
             "--max-queue-size", "1024", "--intra-op-threads", str(args.threads),
-            "--stream-interval", str(args.stream_interval), "--provider", args.provider, "--variant", args.variant]
+            "--stream-interval", str(args.stream_interval), "--provider", args.provider, "--variant", args.variant,
+            "--decoder", args.decoder]
 
 
 def cpu_seconds(pid: int | None = None) -> float:
@@ -317,6 +318,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--provider", default="auto", choices=["auto", "cpu", "cuda"], help="server execution provider")
     p.add_argument("--variant", default="fp32", help="bundle variant the server runs (fp32, int8, fp16)")
     p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = default)")
+    p.add_argument("--decoder", default="auto", choices=["auto", "inplace", "copy"],
+                   help="server decoder graph (see python -m server --help)")
     p.add_argument("--stream-intervals", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4],
                    help="server --stream-interval values to compare; the first is the main table")
     p.add_argument("--repeats", type=int, default=3, help="sweeps per mode; each cell reports the median")

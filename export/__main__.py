@@ -4,7 +4,7 @@
         --out model_repository [--name multi30k-en-de-small] [--version 1] [--int8] [--fp16]
 
 Writes <out>/<name>/<version>/ (Triton's repository layout) with encoder.onnx,
-decoder_step.onnx, the optional variants, tokenizer.json, config.json,
+decoder_step.onnx, decoder_inplace.onnx (dot attention), the optional variants, tokenizer.json, config.json,
 MODEL_CARD.md (when one sits beside the checkpoint) and README.md (the graph
 signatures). Nothing is written into <out> unless every check passes.
 """
@@ -20,9 +20,11 @@ from typing import Sequence
 
 import onnx
 
+from export import inplace
 from export import onnx as graphs
-from export.parity import graph_parity
+from export.parity import graph_parity, inplace_parity
 from export.variants import convert_fp16, quantize_int8
+from export.weights import share_weights
 from models.evaluate import load_checkpoint
 from server.bundle import BUNDLE_FORMAT, load_bundle
 from server.runtime import OnnxModel, RuntimeOptions
@@ -96,6 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--opset", type=int, default=graphs.OPSET)
     p.add_argument("--int8", action="store_true", help="also write the dynamic-int8 variant")
     p.add_argument("--fp16", action="store_true", help="also write the fp16 (GPU) variant")
+    p.add_argument("--no-inplace", action="store_true",
+                   help="skip decoder_inplace.onnx (the engine then copies the cache into decoder_step.onnx each step)")
     p.add_argument("--force", action="store_true", help="replace an existing <name>/<version>")
     args = p.parse_args(argv)
     ckpt = Path(args.checkpoint)
@@ -116,27 +120,51 @@ def main(argv: Sequence[str] | None = None) -> int:
         problems += check_graph(paths["decoder"], graphs.DECODER_INPUTS, graphs.DECODER_OUTPUTS,
                                 graphs.DECODER_AXES, args.opset)
         variants = {"fp32": {"encoder": "encoder.onnx", "decoder_step": "decoder_step.onnx"}}
+        # GroupQueryAttention: dot-product scores only, head size a multiple of 8.
+        with_inplace = model.cfg.attention == "dot" and model.cfg.head_dim % 8 == 0 and not args.no_inplace
+        if not with_inplace and not args.no_inplace:
+            print("no decoder_inplace.onnx: it needs dot attention and a head size divisible by 8", file=sys.stderr)
+        if with_inplace:
+            paths["inplace"] = inplace.export_inplace(model, stage / "decoder_inplace.onnx", args.opset)
+            in_names, out_names = inplace.io_names(model.cfg.n_dec_layers)
+            problems += check_graph(paths["inplace"], in_names, out_names, inplace.io_axes(model.cfg.n_dec_layers),
+                                    args.opset)
+            variants["fp32"]["decoder_inplace"] = "decoder_inplace.onnx"
         if args.int8:
             print("quantizing to int8", file=sys.stderr)
             quantize_int8(paths["encoder"], stage / "encoder.int8.onnx")
             quantize_int8(paths["decoder"], stage / "decoder_step.int8.onnx")
             variants["int8"] = {"encoder": "encoder.int8.onnx", "decoder_step": "decoder_step.int8.onnx"}
+            if with_inplace:
+                quantize_int8(paths["inplace"], stage / "decoder_inplace.int8.onnx")
+                variants["int8"]["decoder_inplace"] = "decoder_inplace.int8.onnx"
         if args.fp16:
             print("converting to fp16", file=sys.stderr)
             convert_fp16(paths["encoder"], stage / "encoder.fp16.onnx")
             convert_fp16(paths["decoder"], stage / "decoder_step.fp16.onnx")
             variants["fp16"] = {"encoder": "encoder.fp16.onnx", "decoder_step": "decoder_step.fp16.onnx"}
-        saved = graphs.share_tied_embedding(paths["decoder"])
-        print(f"tied embedding shared in decoder_step.onnx: {saved / 2**20:.1f} MiB saved", file=sys.stderr)
+        for key in ("decoder", "inplace"):
+            if key in paths:
+                saved = graphs.share_tied_embedding(paths[key])
+                print(f"tied embedding shared in {paths[key].name}: {saved / 2**20:.1f} MiB saved", file=sys.stderr)
+        for variant, files in variants.items():
+            weights = "weights.bin" if variant == "fp32" else f"weights.{variant}.bin"
+            before, after = share_weights([stage / f for f in files.values()], stage / weights)
+            files["weights"] = weights
+            print(f"{variant}: {len(files) - 1} graphs share {weights}: {before / 2**20:.1f} -> "
+                  f"{after / 2**20:.1f} MiB of weights", file=sys.stderr)
         tok.save(stage / "tokenizer.json")
         signatures = {"encoder": _io_signature(onnx.load(str(paths["encoder"]))),
                       "decoder_step": _io_signature(onnx.load(str(paths["decoder"])))}
+        if with_inplace:
+            signatures["decoder_inplace"] = _io_signature(onnx.load(str(paths["inplace"])))
         config = build_config(args, model.cfg, meta, variants, signatures)
         (stage / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         card = ckpt.parent / "MODEL_CARD.md"
         if card.exists():
             shutil.copy(card, stage / "MODEL_CARD.md")
-        (stage / "README.md").write_text("# Bundle graphs\n\n```\n" + graphs.__doc__.strip() + "\n```\n")
+        docs = [graphs.__doc__.strip()] + ([inplace.__doc__.strip()] if with_inplace else [])
+        (stage / "README.md").write_text("# Bundle graphs\n\n" + "\n\n".join(f"```\n{d}\n```" for d in docs) + "\n")
 
         # Parity, through the same loader and runtime the server uses.
         bundle = load_bundle(stage)
@@ -147,6 +175,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if worst.max_abs_diff > FP32_TOLERANCE:
             problems.append(f"fp32 parity: {worst.output} differs by {worst.max_abs_diff:.2e} in case {worst.case} "
                             f"(tolerance {FP32_TOLERANCE})")
+        if with_inplace:
+            worst = max(inplace_parity(model, fp32.inplace), key=lambda d: d.max_abs_diff)
+            print(f"fp32 in-place parity: worst max|diff| {worst.max_abs_diff:.2e} ({worst.output}, case {worst.case})",
+                  file=sys.stderr)
+            if worst.max_abs_diff > FP32_TOLERANCE:
+                problems.append(f"fp32 in-place parity: {worst.output} differs by {worst.max_abs_diff:.2e} in case "
+                                f"{worst.case} (tolerance {FP32_TOLERANCE})")
         if args.int8:
             int8 = OnnxModel(bundle, RuntimeOptions(variant="int8", provider="cpu"))
             worst8 = max((d for d in graph_parity(model, int8) if d.output == "logits"), key=lambda d: d.max_abs_diff)

@@ -1,8 +1,11 @@
 """Parity between the PyTorch model and its ONNX graphs.
 
-Two levels:
+Three levels:
   * `graph_parity`: every output of both graphs on random batches with padding,
     ragged positions and holes in the past, max abs diff against PyTorch.
+  * `inplace_parity`: decoder_inplace.onnx on slot buffers with rows of
+    different ages and source lengths (garbage past each row's length) against
+    the model's own decode_step on each row's real entries alone.
   * `token_parity`: whole decodes (greedy or beam) through ONNX Runtime + numpy
     against models/search.py, sentence by sentence.
 """
@@ -14,6 +17,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from export import inplace
 from export.onnx import example_inputs
 from models import search as torch_search
 from models.transformer import Transformer
@@ -49,6 +53,44 @@ def graph_parity(model: Transformer, onnx_model: OnnxModel,
             diffs.append(GraphDiff(case, name, float(np.abs(got - want.numpy()).max())))
         for name, got, want in zip(("logits", "new_k", "new_v"), got_dec, want_dec):
             diffs.append(GraphDiff(case, name, float(np.abs(got - want.numpy()).max())))
+    return diffs
+
+
+# (rows, capacity, src_capacity): ages and source lengths include 0 / 1 and the last position.
+INPLACE_CASES = [(3, 8, 6), (1, 2, 2), (5, 17, 9)]
+
+
+def inplace_parity(model: Transformer, session, cases=INPLACE_CASES) -> list[GraphDiff]:
+    """Max abs diff of logits, and of the new self-attention entries at each row's own position.
+
+    `session` is an onnxruntime.InferenceSession of decoder_inplace.onnx, fed plain arrays
+    (present is then a fresh tensor; the engine's aliasing is tested through the server).
+    """
+    model = model.eval()
+    layers = model.cfg.n_dec_layers
+    names = inplace.io_names(layers)[0]
+    diffs = []
+    for seed, (b, cap, src_cap) in enumerate(cases):
+        feeds = inplace.example_inputs(model, b, cap, src_cap, seed=seed)
+        tokens, positions, _, src_len, *caches = feeds
+        got = session.run(None, {n: x.numpy() for n, x in zip(names, feeds)})
+        worst = {"logits": 0.0, "present_key": 0.0, "present_value": 0.0}
+        for r in range(b):
+            n, s = int(positions[r, 0]), int(src_len[r])
+            past_k = torch.stack([caches[4 * i][r:r + 1, :, :n] for i in range(layers)])
+            past_v = torch.stack([caches[4 * i + 1][r:r + 1, :, :n] for i in range(layers)])
+            cross_k = torch.stack([caches[4 * i + 2][r:r + 1, :, :s] for i in range(layers)])
+            cross_v = torch.stack([caches[4 * i + 3][r:r + 1, :, :s] for i in range(layers)])
+            with torch.no_grad():
+                logits, new_k, new_v = model.decode_step(
+                    tokens[r:r + 1], positions[r:r + 1], past_k, past_v, torch.ones(1, n, dtype=torch.bool),
+                    cross_k, cross_v, torch.ones(1, s, dtype=torch.bool))
+            worst["logits"] = max(worst["logits"], float(np.abs(got[0][r] - logits[0].numpy()).max()))
+            for i in range(layers):
+                for kind, new, j in (("present_key", new_k, 1), ("present_value", new_v, 2)):
+                    entry = got[j + 4 * i][r, :, n]  # (H, Dh) written at the row's own position
+                    worst[kind] = max(worst[kind], float(np.abs(entry - new[i, 0, :, 0].numpy()).max()))
+        diffs += [GraphDiff((b, cap, src_cap, 1), name, value) for name, value in worst.items()]
     return diffs
 
 

@@ -8,6 +8,8 @@ Repository layout (Triton's `<repository>/<model>/<version>/`):
           config.json          sizes, languages, special ids, graph signatures, variants
           encoder.onnx         decoder_step.onnx        (fp32)
           encoder.int8.onnx    decoder_step.int8.onnx   (dynamic int8 quantisation)
+          decoder_inplace.onnx decoder_inplace.int8.onnx (optional: the step over the slot cache in place)
+          weights.bin          weights.int8.bin         (each variant's tensors, stored once for its graphs)
           tokenizer.json
           MODEL_CARD.md
 """
@@ -19,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 BUNDLE_FORMAT = "nmt-bundle/1"
+GRAPHS = ("encoder", "decoder_step", "decoder_inplace")  # the last is optional
+FILES = GRAPHS + ("weights",)  # weights: the variant's external data, shared by its graphs (optional)
 
 
 class BundleError(ValueError):
@@ -51,7 +55,7 @@ class Bundle:
     source_language: str
     target_language: str
     spec: ModelSpec
-    variants: dict[str, dict[str, str]]  # variant -> {"encoder": file, "decoder_step": file}
+    variants: dict[str, dict[str, str]]  # variant -> {"encoder": file, "decoder_step": file[, "decoder_inplace": file]}
     tokenizer_file: Path
     config: dict[str, Any] = field(repr=False)
 
@@ -85,8 +89,11 @@ def load_bundle(path: str | Path) -> Bundle:
         for graph in ("encoder", "decoder_step"):
             if graph not in files:
                 problems.append(f"variant {name} lacks {graph}")
-            elif not (path / files[graph]).exists():
-                problems.append(f"variant {name}: {files[graph]} missing")
+        for graph, file in files.items():
+            if graph not in FILES:
+                problems.append(f"variant {name}: unknown file kind {graph!r} (known: {', '.join(FILES)})")
+            elif not (path / file).exists():
+                problems.append(f"variant {name}: {file} missing")
     tok = path / config.get("tokenizer", "tokenizer.json")
     if not tok.exists():
         problems.append(f"{tok.name} missing")

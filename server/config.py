@@ -19,6 +19,8 @@ HELP = {
     "default_model": "model for requests that name none; empty = the first by name",
     "variant": "bundle graphs to run: fp32, int8 or fp16 (fp16 is for --provider cuda)",
     "provider": "ONNX Runtime execution provider: auto (CUDA when available), cpu or cuda",
+    "decoder": "decoder graph: auto (the in-place slot-cache step where the bundle has it and the provider "
+               "runs it: CPU), inplace, or copy (decoder_step.onnx over gathered copies of the cache)",
     "intra_op_threads": "ONNX Runtime intra-op threads shared by every session; 0 = one per physical core",
     "inter_op_threads": "ONNX Runtime inter-op threads (graphs run sequentially; 1 is right)",
     "max_batch_size": "decode rows (KV cache slots) per model: the continuous batch's width; >= 1",
@@ -52,6 +54,7 @@ class ServerConfig:
     default_model: str = ""  # empty = the first model by name
     variant: str = "fp32"  # fp32 | int8 | fp16
     provider: str = "auto"  # auto | cpu | cuda
+    decoder: str = "auto"  # auto | inplace | copy
     intra_op_threads: int = 0
     inter_op_threads: int = 1
     max_batch_size: int = 64  # decode rows (KV cache slots) per model
@@ -119,6 +122,8 @@ class ServerConfig:
             out.append("--max-queue-delay-ms and --grace-period-s must be >= 0, --watchdog-s > 0")
         if self.variant not in ("fp32", "int8", "fp16"):
             out.append(f"--variant must be fp32, int8 or fp16 (got {self.variant!r})")
+        if self.decoder not in ("auto", "inplace", "copy"):
+            out.append(f"--decoder must be auto, inplace or copy (got {self.decoder!r})")
         if self.provider not in ("auto", "cpu", "cuda"):
             out.append(f"--provider must be auto, cpu or cuda (got {self.provider!r})")
         return out

@@ -10,6 +10,7 @@ import time
 import numpy as np
 import onnxruntime as ort
 
+from server.inplace_step import InPlaceStep
 from server.kv_cache import Row, SlotCache
 from server.metrics import Metrics
 from server.request import EmbedJob, Job
@@ -46,6 +47,8 @@ class Engine:
         self.name, self.runtime, self.cache, self.m = name, runtime, cache, metrics.for_model(name)
         self.spec = runtime.spec
         self.max_padding = max_padding
+        # decoder_inplace.onnx writes the slot cache itself; decoder_step.onnx needs gathered copies.
+        self.inplace = InPlaceStep(runtime.inplace, cache, self.spec.vocab_size) if runtime.inplace else None
 
     def _encode(self, seqs: list[list[int]]):
         ids, mask = pad_batch(seqs, self.spec.pad_id)
@@ -75,6 +78,13 @@ class Engine:
 
     def decode_step(self) -> np.ndarray:
         """One step for every running row -> logits (B, V); the rows' caches grow by one."""
+        if self.inplace is not None:
+            b = self.cache.used
+            t0 = time.perf_counter()
+            logits = self.inplace.run()
+            self.m.step_time.observe(time.perf_counter() - t0)
+            self.m.decode_batch.observe(b)
+            return logits
         inputs = self.cache.step_inputs()
         t0 = time.perf_counter()
         logits, new_k, new_v = self.runtime.decode_step(**inputs)

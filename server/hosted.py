@@ -28,7 +28,7 @@ class HostedModel:
         self.bundle, self.cfg, self.name = bundle, cfg, bundle.name
         self.tok = SubwordTokenizer.load(bundle.tokenizer_file)
         keep_freed_memory()
-        self.runtime = OnnxModel(bundle, RuntimeOptions(variant=cfg.variant, provider=cfg.provider,
+        self.runtime = OnnxModel(bundle, RuntimeOptions(variant=cfg.variant, provider=cfg.provider, decoder=cfg.decoder,
                                                         intra_op_threads=cfg.intra_op_threads,
                                                         inter_op_threads=cfg.inter_op_threads))
         spec = bundle.spec

@@ -183,4 +183,8 @@ class SlotCache:
         # Advanced indices on axes 1 and 3 put the row axis first: (B, L, H, Dh).
         self.k[:, slots, :, pos] = new_k[:, :, :, 0].transpose(1, 0, 2, 3)
         self.v[:, slots, :, pos] = new_v[:, :, :, 0].transpose(1, 0, 2, 3)
-        self.length[:b] += 1
+        self.advance()
+
+    def advance(self) -> None:
+        """Every running row's cache grew by one entry (written by `append` or in place by the graph)."""
+        self.length[:len(self.rows)] += 1

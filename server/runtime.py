@@ -42,6 +42,9 @@ class RuntimeOptions:
     # step's shape changes every step (past length, rows). With them, replaying 200 steps of 64 rows
     # grew RSS by ~120 MB more, no faster (docs/memory.md). Off for every provider.
     mem_pattern: bool = False
+    # decoder graph: "auto" = decoder_inplace.onnx where the bundle has it and the provider runs it
+    # (CPU; ONNX Runtime's CUDA GroupQueryAttention has fp16/bf16 kernels only), else decoder_step.onnx.
+    decoder: str = "auto"  # auto | inplace | copy
 
 
 def resolve_providers(provider: str) -> list[str]:
@@ -132,6 +135,20 @@ class OnnxModel:
         self.providers = resolve_providers(self.opts.provider)
         self.encoder = self._session("encoder")
         self.decoder = self._session("decoder_step")
+        self.inplace = self._session("decoder_inplace") if self._wants_inplace() else None
+
+    def _wants_inplace(self) -> bool:
+        has = "decoder_inplace" in self.bundle.variants.get(self.opts.variant, {})
+        if self.opts.decoder == "copy":
+            return False
+        if self.opts.decoder == "inplace":
+            if not has:
+                raise RuntimeError(f"{self.bundle.name}: variant {self.opts.variant} has no decoder_inplace graph "
+                                   "(re-export the bundle, or use the copy decoder)")
+            return True
+        if self.opts.decoder != "auto":
+            raise ValueError(f"unknown decoder {self.opts.decoder!r} (auto, inplace or copy)")
+        return has and not self.on_device
 
     def _session(self, graph: str) -> ort.InferenceSession:
         path = str(self.bundle.graph_path(self.opts.variant, graph))

@@ -1,0 +1,184 @@
+"""decoder_inplace.onnx: one decoder step that reads and writes the engine's slot cache in place.
+
+The serving engine keeps every running row's keys/values in preallocated slot
+buffers, (L, N, H, C, Dh) for self-attention and (L, N, H, S, Dh) for
+cross-attention. With decoder_step.onnx it copies the batch's part of them into
+fresh contiguous arrays each step and scatters the new entries back, a cost
+that grows with rows x past length. This graph instead takes each layer's
+buffer view `cache[l, :B]` as an input *and* as an output, and the engine binds
+both to the same memory (ONNX Runtime IO binding by pointer):
+
+    inputs   tokens                int64 (batch, 1)
+             positions             int64 (batch, 1)    entries the row already has = where its new one goes
+             total_len             int32 scalar         max(positions) + 1 (the batch's longest attention span)
+             src_len               int64 (batch,)       real source positions of each row
+             past_key_{l}, past_value_{l}      float (batch, heads, capacity, head_dim)
+             cross_key_{l}, cross_value_{l}    float (batch, heads, src_capacity, head_dim)
+    outputs  logits                float (batch, 1, vocab)
+             present_key_{l}, present_value_{l}, present_cross_key_{l}, present_cross_value_{l}
+                                   the same tensors as the inputs above; bind them to the same memory
+
+Self-attention is ONNX Runtime's com.microsoft.GroupQueryAttention with
+`seqlens_k = positions`: it writes the new key/value at each row's own
+position and attends over exactly that row's first positions + 1 entries, so
+rows of different ages share a step and nothing past a row's length is ever
+read (benchmarks/spike_gqa/README.md checked it with NaN-filled tails).
+`total_len` is only the op's "is this the first prompt" test and its present
+size: with every row at age 0 it is 1 and the prompt path writes at 0, which
+is each row's own position.
+
+Cross-attention uses the same op over the cross buffers with
+`seqlens_k = src_len - 1` and, as the "new" key/value, the row's own last
+source key/value read back from the buffer: the op rewrites an identical value
+and attends over exactly the row's real source positions, with no mask, no
+copy and no work on the padding up to src_capacity.
+
+Layers are separate inputs because slicing a stacked (L, ...) input inside the
+graph would copy it and lose the aliasing. One new token per row: the op
+refuses several new tokens for several rows with a past, and the engine never
+needs that. Only dot-product attention has this form (the additive-attention
+option keeps decoder_step.onnx).
+"""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from models.attention import scaled_dot_product_attention
+from models.transformer import Transformer
+
+CONTRIB_OPSET = {"com.microsoft": 1}
+
+
+def cache_names(layers: int) -> tuple[list[str], list[str]]:
+    """Per-layer cache input and output names, in graph order."""
+    inputs = [f"{kind}_{l}" for l in range(layers) for kind in ("past_key", "past_value", "cross_key", "cross_value")]
+    outputs = [f"present_{kind}_{l}" for l in range(layers) for kind in ("key", "value", "cross_key", "cross_value")]
+    return inputs, outputs
+
+
+def io_names(layers: int) -> tuple[list[str], list[str]]:
+    cache_in, cache_out = cache_names(layers)
+    return ["tokens", "positions", "total_len", "src_len", *cache_in], ["logits", *cache_out]
+
+
+def io_axes(layers: int) -> dict[str, dict[int, str]]:
+    cache_in, cache_out = cache_names(layers)
+    axes = {"tokens": {0: "batch"}, "positions": {0: "batch"}, "src_len": {0: "batch"}, "logits": {0: "batch"}}
+    for name in cache_in + cache_out:
+        axes[name] = {0: "batch", 2: "src_capacity" if "cross" in name else "capacity"}
+    return axes
+
+
+class GroupQueryAttention(torch.autograd.Function):
+    """query, key, value (B, 1, H*Dh); past_key, past_value (B, H, C, Dh); seqlens_k int32 (B,);
+    total_len int32 () -> output (B, 1, H*Dh), present_key, present_value (B, H, C, Dh).
+
+    Eager PyTorch: the op's semantics, functionally (present is a new tensor).
+    Exported: com.microsoft.GroupQueryAttention, which the engine runs in place.
+    """
+
+    @staticmethod
+    def forward(ctx, query: Tensor, key: Tensor, value: Tensor, past_key: Tensor, past_value: Tensor,
+                seqlens_k: Tensor, total_len: Tensor, heads: int):
+        b, _, d = query.shape
+        dh = d // heads
+        rows, pos = torch.arange(b), seqlens_k.long()
+        present_key, present_value = past_key.clone(), past_value.clone()
+        present_key[rows, :, pos] = key.view(b, heads, dh)
+        present_value[rows, :, pos] = value.view(b, heads, dh)
+        q = query.view(b, 1, heads, dh).transpose(1, 2)  # (B, H, 1, Dh)
+        visible = torch.arange(past_key.shape[2])[None, :] <= pos[:, None]  # (B, C)
+        out = scaled_dot_product_attention(q, present_key, present_value, visible[:, None, None, :])
+        return out.transpose(1, 2).reshape(b, 1, d), present_key, present_value
+
+    @staticmethod
+    def symbolic(g, query, key, value, past_key, past_value, seqlens_k, total_len, heads):
+        out, present_key, present_value = g.op(
+            "com.microsoft::GroupQueryAttention", query, key, value, past_key, past_value, seqlens_k, total_len,
+            num_heads_i=heads, kv_num_heads_i=heads, outputs=3)  # default scale: 1/sqrt(head_dim)
+        # No shape inference for contrib ops in the exporter: the outputs are shaped like these inputs.
+        out.setType(query.type())
+        present_key.setType(past_key.type())
+        present_value.setType(past_value.type())
+        return out, present_key, present_value
+
+
+class InPlaceDecoderStep(nn.Module):
+    """The model's decoder step over per-layer slot-cache views (the graph this module documents)."""
+
+    def __init__(self, model: Transformer):
+        super().__init__()
+        if model.cfg.attention != "dot":
+            raise ValueError(f"attention {model.cfg.attention!r} has no in-place form (dot only)")
+        self.model = model
+
+    def forward(self, tokens: Tensor, positions: Tensor, total_len: Tensor, src_len: Tensor, *caches: Tensor):
+        m, heads = self.model, self.model.cfg.n_heads
+        b = tokens.shape[0]
+        x = m._embed(m.tgt_embed, tokens, positions)  # (B, 1, D)
+        seqlens = positions.reshape(-1).to(torch.int32)  # (B,)
+        last_src = (src_len - 1).to(torch.int32)  # (B,)
+        # The op needs total != 1 for the cross buffers (1 means "first prompt": write at 0).
+        src_total = torch._shape_as_tensor(caches[2])[2].to(torch.int32)
+        gather_at = (src_len - 1).view(b, 1, 1, 1)
+        presents = []
+        for i, layer in enumerate(m.decoder):
+            past_k, past_v, cross_k, cross_v = caches[4 * i:4 * i + 4]
+            sa, ca = layer.self_attn, layer.cross_attn
+            h = layer.norm1(x) if layer.pre_norm else x
+            a, pk, pv = GroupQueryAttention.apply(sa.q_proj(h), sa.k_proj(h), sa.v_proj(h), past_k, past_v,
+                                                  seqlens, total_len, heads)
+            a = sa.out_proj(a)
+            x = x + a if layer.pre_norm else layer.norm1(x + a)
+
+            h = layer.norm2(x) if layer.pre_norm else x
+            idx = gather_at.expand(b, cross_k.shape[1], 1, cross_k.shape[3])  # (B, H, 1, Dh)
+            last_k = cross_k.gather(2, idx).transpose(1, 2).reshape(b, 1, -1)  # (B, 1, D)
+            last_v = cross_v.gather(2, idx).transpose(1, 2).reshape(b, 1, -1)
+            a, ck, cv = GroupQueryAttention.apply(ca.q_proj(h), last_k, last_v, cross_k, cross_v,
+                                                  last_src, src_total, heads)
+            a = ca.out_proj(a)
+            x = x + a if layer.pre_norm else layer.norm2(x + a)
+
+            h = layer.norm3(x) if layer.pre_norm else x
+            a = layer.ffn(h)
+            x = x + a if layer.pre_norm else layer.norm3(x + a)
+            presents += [pk, pv, ck, cv]
+        x = m.dec_norm(x)
+        if m.out_proj is None:
+            logits = torch.nn.functional.linear(x.reshape(b, -1), m.tgt_embed.weight).view(b, 1, -1)  # (B, 1, V)
+        else:
+            logits = m.out_proj(x)
+        return (logits, *presents)
+
+
+def example_inputs(model: Transformer, batch: int = 3, capacity: int = 8, src_capacity: int = 6,
+                   seed: int = 0) -> tuple[Tensor, ...]:
+    """Rows of different ages and source lengths; the buffers' unused tails hold garbage on purpose."""
+    cfg = model.cfg
+    g = torch.Generator().manual_seed(seed)
+    ages = torch.tensor([0, 3, capacity - 1][:batch] + [1] * max(0, batch - 3))
+    src_len = torch.tensor([1, src_capacity, 2][:batch] + [3] * max(0, batch - 3))
+    tokens = torch.randint(4, cfg.vocab_size, (batch, 1), generator=g)
+    caches = []
+    for _ in range(cfg.n_dec_layers):
+        for cap in (capacity, capacity, src_capacity, src_capacity):
+            caches.append(torch.randn(batch, cfg.n_heads, cap, cfg.head_dim, generator=g))
+    total = (ages.max() + 1).to(torch.int32)
+    return (tokens, ages[:, None], total, src_len, *caches)
+
+
+def export_inplace(model: Transformer, path: Path, opset: int) -> Path:
+    """Write decoder_inplace.onnx for `model` (fp32)."""
+    layers = model.cfg.n_dec_layers
+    inputs, outputs = io_names(layers)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # TorchScript exporter deprecation; see export/onnx.py
+        torch.onnx.export(InPlaceDecoderStep(model.eval()), example_inputs(model), str(path), dynamo=False,
+                          input_names=inputs, output_names=outputs, dynamic_axes=io_axes(layers),
+                          opset_version=opset, custom_opsets=CONTRIB_OPSET, do_constant_folding=True)
+    return path

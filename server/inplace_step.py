@@ -1,0 +1,74 @@
+"""One decode step over the slot cache in place: decoder_inplace.onnx bound by pointer.
+
+The graph (export/inplace.py) takes each layer's cache view `k[l, :B]` as an
+input and gives it back as an output; binding both to the same memory makes
+ONNX Runtime append each row's new key/value at the row's own position inside
+the slot buffers. Nothing is gathered, concatenated or scattered: per step the
+engine writes B token ids and one scalar, and reads B rows of logits, however
+long the rows' pasts are.
+
+The binding is kept from step to step and rebuilt only when the number of
+running rows changes: every bound array keeps its address (tokens, the cache's
+`length` and `src_len`, the scalar, the logits buffer), so the values written
+into them in place are what the next run reads. Rebuilding costs about as much
+as a small step (~0.05-0.6 ms, benchmarks/spike_gqa/README.md).
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+
+from server.kv_cache import SlotCache, lazy_zeros
+
+
+def _bind(binding: ort.IOBinding, name: str, array: np.ndarray, output: bool = False) -> None:
+    """Bind a C-contiguous host array by address: ONNX Runtime reads or writes that memory itself."""
+    assert array.flags.c_contiguous, name
+    bind = binding.bind_output if output else binding.bind_input
+    bind(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
+
+
+class InPlaceStep:
+    """Runs decoder_inplace.onnx for the running rows of one SlotCache."""
+
+    def __init__(self, session: ort.InferenceSession, cache: SlotCache, vocab_size: int):
+        self.session, self.cache = session, cache
+        n = cache.capacity
+        self.tokens = np.zeros((n, 1), dtype=np.int64)
+        self.total = np.zeros((), dtype=np.int32)
+        self.logits = lazy_zeros((n, 1, vocab_size))
+        self.layers = cache.k.shape[0]
+        self._binding: ort.IOBinding | None = None
+        self._rows = -1  # rows the binding was made for
+
+    def _rebind(self, b: int) -> ort.IOBinding:
+        c = self.cache
+        binding = self.session.io_binding()
+        _bind(binding, "tokens", self.tokens[:b])
+        _bind(binding, "positions", c.length[:b].reshape(b, 1))
+        _bind(binding, "total_len", self.total)
+        _bind(binding, "src_len", c.src_len[:b])
+        for layer in range(self.layers):
+            for name, out, buffer in (("past_key", "present_key", c.k), ("past_value", "present_value", c.v),
+                                      ("cross_key", "present_cross_key", c.cross_k),
+                                      ("cross_value", "present_cross_value", c.cross_v)):
+                view = buffer[layer, :b]  # (B, H, capacity, Dh): contiguous, at the slot buffer's own address
+                _bind(binding, f"{name}_{layer}", view)
+                _bind(binding, f"{out}_{layer}", view, output=True)
+        _bind(binding, "logits", self.logits[:b], output=True)
+        return binding
+
+    def run(self) -> np.ndarray:
+        """Decode every running row once -> logits (B, V), a view valid until the next run."""
+        c = self.cache
+        b = c.used
+        self.tokens[:b, 0] = [r.token for r in c.rows]
+        lengths = c.length[:b]
+        if int(lengths.max()) >= c.max_target:
+            raise RuntimeError(f"a row reached the cache's {c.max_target} positions")
+        self.total[()] = lengths.max() + 1
+        if b != self._rows:
+            self._binding, self._rows = self._rebind(b), b
+        self.session.run_with_iobinding(self._binding)
+        c.advance()
+        return self.logits[:b, 0]

@@ -1,0 +1,118 @@
+"""decoder_inplace.onnx through the engine: the same logits and cache as the copying decoder_step path.
+
+Both engines run the shipped bundle on the CPU provider and go through the same
+random life of a continuous batch: rows join (sources of different lengths,
+beam copies), finish (the last slot moves into the hole), are reordered as
+beams, and reach long ages. The in-place path writes the slot buffers inside
+ONNX Runtime through pointer-bound views; any aliasing or binding mistake
+shows up as a different logit or cache entry.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from server.bundle import load_bundle
+from server.engine import Engine
+from server.kv_cache import SlotCache
+from server.metrics import Metrics
+from server.runtime import OnnxModel, RuntimeOptions
+from server.static_decode import pad_batch
+from tests.serving import REPOSITORY
+
+BUNDLE = REPOSITORY / "multi30k-en-de-small" / "1"
+SLOTS, MAX_SOURCE, MAX_TARGET = 8, 40, 48
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    return load_bundle(BUNDLE)
+
+
+def engine(bundle, decoder: str) -> Engine:
+    runtime = OnnxModel(bundle, RuntimeOptions(provider="cpu", decoder=decoder))
+    cache = SlotCache(bundle.spec, SLOTS, MAX_SOURCE, MAX_TARGET)
+    return Engine("m", runtime, cache, Metrics(), max_padding=0.5)
+
+
+def test_auto_picks_the_inplace_graph_on_cpu(bundle):
+    assert "decoder_inplace" in bundle.variants["fp32"], "the shipped bundle should carry decoder_inplace.onnx"
+    assert engine(bundle, "auto").inplace is not None
+    assert engine(bundle, "copy").inplace is None
+
+
+def test_inplace_requested_without_the_graph_is_refused(bundle, tmp_path):
+    import json
+    import shutil
+    for name in ("config.json", "tokenizer.json", "encoder.onnx", "decoder_step.onnx", "weights.bin"):
+        shutil.copy(BUNDLE / name, tmp_path / name)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["variants"] = {"fp32": {"encoder": "encoder.onnx", "decoder_step": "decoder_step.onnx",
+                                   "weights": "weights.bin"}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    old = load_bundle(tmp_path)
+    assert OnnxModel(old, RuntimeOptions(provider="cpu")).inplace is None  # auto falls back
+    with pytest.raises(RuntimeError, match="no decoder_inplace graph"):
+        OnnxModel(old, RuntimeOptions(provider="cpu", decoder="inplace"))
+
+
+def _join(engines, rng, spec, copies: int):
+    """Encode one random source once per engine and give it `copies` rows in each."""
+    n = int(rng.integers(1, MAX_SOURCE + 1))
+    src = [int(t) for t in rng.integers(4, spec.vocab_size, n - 1)] + [spec.eos_id]
+    ids, mask = pad_batch([src], spec.pad_id)
+    rows = []
+    for e in engines:
+        _, ck, cv, m = e._encode([src])
+        rows.append(e.cache.allocate(ck[:, 0], cv[:, 0], m[0], copies, spec.bos_id))
+    return rows
+
+
+def test_inplace_matches_copy_over_a_continuous_batch_life(bundle):
+    spec = bundle.spec
+    inplace, copy = engine(bundle, "inplace"), engine(bundle, "copy")
+    assert inplace.inplace is not None and copy.inplace is None
+    rng = np.random.default_rng(0)
+    groups: list[tuple[list, list]] = []  # per source: (rows in the in-place engine, rows in the copy engine)
+    steps = worst = 0
+    while steps < 160:
+        free = inplace.cache.free
+        if free and rng.random() < 0.5:
+            a, b = _join((inplace, copy), rng, spec, int(rng.integers(1, min(free, 3) + 1)))
+            groups.append((a, b))
+        if not inplace.cache.used:
+            continue
+        got, want = inplace.decode_step().copy(), copy.decode_step()
+        steps += 1
+        worst = max(worst, float(np.abs(got - want).max()))
+        assert np.array_equal(got.argmax(-1), want.argmax(-1)), f"greedy choice differs at step {steps}"
+        for a, b in groups:  # both engines feed the same next token (the copy path's greedy choice)
+            for ra, rb in zip(a, b):
+                ra.token = rb.token = int(want[rb.slot].argmax())
+        for g, (a, b) in enumerate(list(groups)):
+            age = int(copy.cache.length[b[0].slot])
+            if age >= MAX_TARGET - 1 or rng.random() < 0.06:  # finished (or full): free the group's rows
+                inplace.cache.release(a)
+                copy.cache.release(b)
+                groups.remove((a, b))
+            elif len(a) > 1 and rng.random() < 0.3:  # beam step: rows continue random parents
+                parents = rng.integers(0, len(a), len(a)).tolist()
+                inplace.cache.reorder(a, parents)
+                copy.cache.reorder(b, parents)
+    assert worst < 1e-4, f"logits differ by {worst}"
+    # The self-attention entries the graph wrote in place equal the ones the copy path scattered.
+    n = copy.cache.used
+    assert inplace.cache.used == n and np.array_equal(inplace.cache.length[:n], copy.cache.length[:n])
+    for slot in range(n):
+        m = int(copy.cache.length[slot])
+        assert np.abs(inplace.cache.k[:, slot, :, :m] - copy.cache.k[:, slot, :, :m]).max() < 1e-4
+        assert np.abs(inplace.cache.v[:, slot, :, :m] - copy.cache.v[:, slot, :, :m]).max() < 1e-4
+
+
+def test_a_row_at_the_cache_capacity_is_refused_not_overrun(bundle):
+    e = engine(bundle, "inplace")
+    rng = np.random.default_rng(1)
+    (rows,) = _join((e,), rng, bundle.spec, 1)
+    e.cache.length[rows[0].slot] = MAX_TARGET  # as if the scheduler had let it run past the limit
+    with pytest.raises(RuntimeError, match="cache's 48 positions"):
+        e.decode_step()

@@ -1,11 +1,10 @@
-"""Derived graph variants: int8 (dynamic quantisation, CPU) and fp16 (GPU).
+"""Derived graph variants: int8 (CPU) and fp16 (GPU).
 
-int8: `onnxruntime.quantization.quantize_dynamic` turns MatMul/Gemm weights
-into int8 with per-tensor scales and quantises activations on the fly; the
-attention matmuls between two activations (QK^T, weights x V) stay fp32
-because their weights are not constants. Only MatMul ops are quantised: the
-embedding Gather stays fp32, which keeps the tied output projection exact
-enough for greedy decoding to track fp32 closely.
+int8: export/quantize.py: int8 weights per output channel, activations
+quantised per row (token) on the fly, integer GEMM; batch-invariant, unlike
+ONNX Runtime's `quantize_dynamic`, whose activation scale spans the whole batch.
+The attention products between two activations (QK^T, weights x V) stay fp32
+because neither side is a constant; the embedding Gather stays fp32.
 
 fp16: weights and activations in half precision with fp32 inputs/outputs
 (keep_io_types), so the engine's cache and the sampler keep one dtype per
@@ -18,12 +17,11 @@ from pathlib import Path
 
 import onnx
 
+from export.quantize import quantize_rowwise
 
-def quantize_int8(src: Path, dst: Path, per_channel: bool = False) -> Path:
-    from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    quantize_dynamic(str(src), str(dst), op_types_to_quantize=["MatMul"], per_channel=per_channel,
-                     weight_type=QuantType.QInt8)
+def quantize_int8(src: Path, dst: Path) -> Path:
+    quantize_rowwise(src, dst)
     return dst
 
 

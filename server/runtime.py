@@ -134,8 +134,17 @@ class OnnxModel:
         self.opts = opts or RuntimeOptions()
         self.providers = resolve_providers(self.opts.provider)
         self.encoder = self._session("encoder")
-        self.decoder = self._session("decoder_step")
         self.inplace = self._session("decoder_inplace") if self._wants_inplace() else None
+        # decoder_step.onnx is loaded when first used (the copying engine path, the static decoders):
+        # a server stepping in place never holds a second copy of the decoder's weights.
+        self._decoder: Optional[ort.InferenceSession] = None if self.inplace is not None else self._session(
+            "decoder_step")
+
+    @property
+    def decoder(self) -> ort.InferenceSession:
+        if self._decoder is None:
+            self._decoder = self._session("decoder_step")
+        return self._decoder
 
     def _wants_inplace(self) -> bool:
         has = "decoder_inplace" in self.bundle.variants.get(self.opts.variant, {})

@@ -103,6 +103,27 @@ def test_int8_graphs_stay_close(repo):
     assert 0 < max(logits) < INT8_LOGIT_TOLERANCE
 
 
+def test_int8_rows_do_not_depend_on_their_batch(repo):
+    """Activations are quantised per row: a row's logits alone equal its logits among others.
+
+    (ONNX Runtime's quantize_dynamic scales a whole batch's activations together: its rows'
+    logits moved by ~1e-2 with the company they kept, and tokens changed with it.)"""
+    model, out = repo
+    int8 = OnnxModel(load_bundle(out / "tiny-xx-yy" / "1"), RuntimeOptions(variant="int8", provider="cpu"))
+    names = inplace.io_names(model.cfg.n_dec_layers)[0]
+    feeds = [x.numpy() for x in inplace.example_inputs(model, batch=5, capacity=9, src_capacity=7, seed=3)]
+    together = int8.inplace.run(["logits"], dict(zip(names, feeds)))[0]
+    for r in range(5):
+        alone = [x[r:r + 1] if x.ndim else np.array(feeds[1][r, 0] + 1, np.int32) for x in feeds]
+        logits = int8.inplace.run(["logits"], dict(zip(names, alone)))[0]
+        assert np.abs(logits[0] - together[r]).max() < 1e-5, r
+    # the encoder too: a sentence's cross keys alone = among longer, padded ones
+    src = np.array([[5, 6, 7, 2, 0, 0], [8, 9, 10, 11, 12, 2]], np.int64)
+    _, ck_both, _ = int8.encode(src, src != 0)
+    _, ck_one, _ = int8.encode(src[:1, :4], src[:1, :4] != 0)
+    assert np.abs(ck_both[:, 0, :, :4] - ck_one[:, 0]).max() < 1e-5
+
+
 def test_fp16_graphs_stay_close(repo):
     """The fp16 variant is for CUDA, but ONNX Runtime's CPU provider runs it too: check it here."""
     model, out = repo

@@ -18,7 +18,7 @@ from server.kv_cache import SlotCache
 from server.metrics import Metrics
 from server.runtime import OnnxModel, RuntimeOptions
 from server.static_decode import pad_batch
-from tests.serving import REPOSITORY
+from serving import REPOSITORY, ServerThread, flickr_sentences
 
 BUNDLE = REPOSITORY / "multi30k-en-de-small" / "1"
 SLOTS, MAX_SOURCE, MAX_TARGET = 8, 40, 48
@@ -116,3 +116,25 @@ def test_a_row_at_the_cache_capacity_is_refused_not_overrun(bundle):
     e.cache.length[rows[0].slot] = MAX_TARGET  # as if the scheduler had let it run past the limit
     with pytest.raises(RuntimeError, match="cache's 48 positions"):
         e.decode_step()
+
+
+def test_int8_server_gives_the_same_tokens_alone_and_in_any_batch():
+    """The shipped int8 variant quantises activations per row (export/quantize.py), so a sentence's
+    tokens do not depend on what shares its decode steps: checked through a real server."""
+    import concurrent.futures as cf
+
+    from client import TranslatorClient
+    srv = ServerThread(variant="int8", warmup=False).start()
+    try:
+        with TranslatorClient(srv.target, timeout=120, retries=0) as client:
+            texts = flickr_sentences(120)
+            alone = [list(client.translate([t], return_tokens=True).translations[0].hypotheses[0].token_ids)
+                     for t in texts]
+            with cf.ThreadPoolExecutor(6) as pool:
+                parts = list(pool.map(lambda i: client.translate(texts[i:i + 20], return_tokens=True),
+                                      range(0, 120, 20)))
+            batched = [list(t.hypotheses[0].token_ids) for r in parts for t in r.translations]
+            assert srv.metric("nmt_decode_batch_size_sum") > srv.metric("nmt_decode_batch_size_count")  # shared steps
+    finally:
+        srv.stop()
+    assert sum(a != b for a, b in zip(alone, batched)) == 0

@@ -13,6 +13,8 @@ import numpy as np
 from models.config import max_output_len
 
 from server.beam import BeamState, Hypothesis, log_softmax
+from server.inplace_step import InPlaceStep
+from server.kv_cache import SlotCache
 from server.runtime import OnnxModel
 
 
@@ -67,25 +69,54 @@ def greedy(model: OnnxModel, src_ids: np.ndarray, src_mask: np.ndarray, max_len:
     b, src_len = src_ids.shape
     max_len = max_len or max_output_len(src_len, s.max_positions - 1)
     _, cross_k, cross_v = model.encode(src_ids, src_mask)
-    cache = StepCache(model, b, max_len)
-    tokens = np.full((b, 1), s.bos_id, dtype=np.int64)
+    if model.inplace is not None and not model.on_device:
+        next_logits = _inplace_steps(model, cross_k, cross_v, src_mask, max_len)
+    else:
+        next_logits = _copy_steps(model, cross_k, cross_v, src_mask, max_len)
     out = np.full((b, max_len), s.pad_id, dtype=np.int64)
     finished = np.zeros(b, dtype=bool)
+    tokens = np.full(b, s.bos_id, dtype=np.int64)
     for step in range(max_len):
-        past_k, past_v, past_mask = cache.past()
-        logits, new_k, new_v = model.decode_step(tokens, np.full((b, 1), step, dtype=np.int64), past_k, past_v,
-                                                 past_mask, cross_k, cross_v, src_mask)
-        cache.append(new_k, new_v)
-        last = logits[:, -1]
+        last = next_logits(tokens).copy()  # (B, V)
         if step < min_len:
             last[:, s.eos_id] = -np.inf
         nxt = np.where(finished, s.pad_id, last.argmax(-1))
         finished |= nxt == s.eos_id
         out[:, step] = nxt
-        tokens = nxt[:, None].astype(np.int64)
+        tokens = nxt.astype(np.int64)
         if finished.all():
             break
     return [_strip(r, s.eos_id, s.pad_id) for r in out.tolist()]
+
+
+def _copy_steps(model: OnnxModel, cross_k, cross_v, src_mask: np.ndarray, max_len: int):
+    """Steps through decoder_step.onnx: tokens (B,) -> next logits (B, V)."""
+    b = src_mask.shape[0]
+    cache = StepCache(model, b, max_len)
+
+    def step(tokens: np.ndarray) -> np.ndarray:
+        past_k, past_v, past_mask = cache.past()
+        logits, new_k, new_v = model.decode_step(tokens[:, None], np.full((b, 1), cache.length, dtype=np.int64),
+                                                 past_k, past_v, past_mask, cross_k, cross_v, src_mask)
+        cache.append(new_k, new_v)
+        return logits[:, -1]
+    return step
+
+
+def _inplace_steps(model: OnnxModel, cross_k: np.ndarray, cross_v: np.ndarray, src_mask: np.ndarray,
+                   max_len: int):
+    """Steps through decoder_inplace.onnx over a slot cache, as the server runs them: the step's
+    cost does not grow with the capacity or the past (the copying step attends over max_len)."""
+    b, src_len = src_mask.shape
+    cache = SlotCache(model.spec, b, src_len, max_len)
+    rows = [cache.allocate(cross_k[:, i], cross_v[:, i], src_mask[i], 1, model.spec.bos_id)[0] for i in range(b)]
+    runner = InPlaceStep(model.inplace, cache, model.spec.vocab_size)
+
+    def step(tokens: np.ndarray) -> np.ndarray:
+        for row, tok in zip(rows, tokens.tolist()):
+            row.token = tok
+        return runner.run()
+    return step
 
 
 def _strip(ids: list[int], eos: int, pad: int) -> list[int]:

@@ -21,6 +21,7 @@ import asyncio
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -138,7 +139,7 @@ def render(results: dict, args, argv: list[str]) -> str:
              f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python "
              f"{platform.python_version()}; both servers and the client share it. Median of {args.repeats} "
              "repeats, servers alternating; greedy decoding over test_2016_flickr.en.", "",
-             f"Command: `python -m benchmarks.serving_compare {' '.join(argv)}`", ""]
+             f"Command: `python -m benchmarks.serving_compare {shlex.join(argv)}`", ""]
     if args.before_flags:
         lines += [f"\"before\" is our server with `{args.before_flags}` (the previous code path), run in the "
                   "same rotation.", ""]

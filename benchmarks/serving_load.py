@@ -167,7 +167,8 @@ async def wait_serving(client, tries: int = 600) -> None:
             if await client.health() == "SERVING":
                 return
         except Exception:  # noqa: BLE001 (not up yet)
-            await asyncio.sleep(0.2)
+            pass
+        await asyncio.sleep(0.2)  # not up, or up but still warming up (NOT_SERVING)
 
 
 async def run_all(stream, texts, args, cpu) -> list[dict]:

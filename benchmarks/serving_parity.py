@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from benchmarks.serving_load import free_port
+from benchmarks.serving_load import free_port, wait_serving
 
 ROOT = Path(__file__).resolve().parents[1]
 CKPT = ROOT / "models/pretrained/multi30k-en-de-small/model.pt"
@@ -50,13 +50,7 @@ def torch_greedy(texts: list[str]) -> list[list[int]]:
 async def collect(target: str, texts: list[str], beam: int) -> dict[str, list[list[int]]]:
     from client.client import AsyncTranslatorClient
     async with AsyncTranslatorClient(target, timeout=600, retries=0) as client:
-        for _ in range(600):
-            try:
-                if await client.health() == "SERVING":
-                    break
-            except Exception:  # noqa: BLE001 (still starting)
-                pass
-            await asyncio.sleep(0.1)
+        await wait_serving(client)
 
         async def batched(**opts) -> list[list[int]]:
             chunks = [texts[i:i + 64] for i in range(0, len(texts), 64)]

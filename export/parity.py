@@ -77,10 +77,9 @@ def inplace_parity(model: Transformer, session, cases=INPLACE_CASES) -> list[Gra
         worst = {"logits": 0.0, "present_key": 0.0, "present_value": 0.0}
         for r in range(b):
             n, s = int(positions[r, 0]), int(src_len[r])
-            past_k = torch.stack([caches[4 * i][r:r + 1, :, :n] for i in range(layers)])
-            past_v = torch.stack([caches[4 * i + 1][r:r + 1, :, :n] for i in range(layers)])
-            cross_k = torch.stack([caches[4 * i + 2][r:r + 1, :, :s] for i in range(layers)])
-            cross_v = torch.stack([caches[4 * i + 3][r:r + 1, :, :s] for i in range(layers)])
+            # The row's real entries alone, stacked over layers: (L, 1, H, n or s, Dh).
+            past_k, past_v, cross_k, cross_v = (torch.stack([caches[4 * i + kind][r:r + 1, :, :m] for i in range(layers)])
+                                                for kind, m in ((0, n), (1, n), (2, s), (3, s)))
             with torch.no_grad():
                 logits, new_k, new_v = model.decode_step(
                     tokens[r:r + 1], positions[r:r + 1], past_k, past_v, torch.ones(1, n, dtype=torch.bool),

@@ -41,7 +41,7 @@ def share_weights(graphs: Sequence[Path], weights: Path) -> tuple[int, int]:
                 before += len(raw)
                 key = (init.data_type, tuple(init.dims), hashlib.sha256(raw).hexdigest())
                 if key not in index:
-                    offset = -blob.tell() % ALIGN + blob.tell()
+                    offset = (blob.tell() + ALIGN - 1) // ALIGN * ALIGN
                     blob.seek(offset)
                     blob.write(raw)
                     index[key] = (offset, len(raw))

@@ -7,7 +7,7 @@ Repository layout (Triton's `<repository>/<model>/<version>/`):
         1/
           config.json          sizes, languages, special ids, graph signatures, variants
           encoder.onnx         decoder_step.onnx        (fp32)
-          encoder.int8.onnx    decoder_step.int8.onnx   (dynamic int8 quantisation)
+          encoder.int8.onnx    decoder_step.int8.onnx   (int8, activations quantised per row)
           decoder_inplace.onnx decoder_inplace.int8.onnx (optional: the step over the slot cache in place)
           weights.bin          weights.int8.bin         (each variant's tensors, stored once for its graphs)
           tokenizer.json
@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 BUNDLE_FORMAT = "nmt-bundle/1"
-GRAPHS = ("encoder", "decoder_step", "decoder_inplace")  # the last is optional
+REQUIRED = ("encoder", "decoder_step")  # graphs every variant has
+GRAPHS = REQUIRED + ("decoder_inplace",)
 FILES = GRAPHS + ("weights",)  # weights: the variant's external data, shared by its graphs (optional)
 
 
@@ -86,7 +87,7 @@ def load_bundle(path: str | Path) -> Bundle:
     if "fp32" not in variants:
         problems.append("no fp32 variant")
     for name, files in variants.items():
-        for graph in ("encoder", "decoder_step"):
+        for graph in REQUIRED:
             if graph not in files:
                 problems.append(f"variant {name} lacks {graph}")
         for graph, file in files.items():

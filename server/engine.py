@@ -78,17 +78,18 @@ class Engine:
 
     def decode_step(self) -> np.ndarray:
         """One step for every running row -> logits (B, V); the rows' caches grow by one."""
+        b = self.cache.used
         if self.inplace is not None:
-            b = self.cache.used
             t0 = time.perf_counter()
             logits = self.inplace.run()
-            self.m.step_time.observe(time.perf_counter() - t0)
-            self.m.decode_batch.observe(b)
-            return logits
-        inputs = self.cache.step_inputs()
-        t0 = time.perf_counter()
-        logits, new_k, new_v = self.runtime.decode_step(**inputs)
-        self.m.step_time.observe(time.perf_counter() - t0)
-        self.m.decode_batch.observe(len(inputs["tokens"]))
-        self.cache.append(new_k, new_v)
-        return logits[:, -1]
+            step_time = time.perf_counter() - t0
+        else:
+            inputs = self.cache.step_inputs()
+            t0 = time.perf_counter()
+            out, new_k, new_v = self.runtime.decode_step(**inputs)
+            step_time = time.perf_counter() - t0
+            self.cache.append(new_k, new_v)
+            logits = out[:, -1]
+        self.m.step_time.observe(step_time)
+        self.m.decode_batch.observe(b)
+        return logits

@@ -63,10 +63,10 @@ class InPlaceStep:
         c = self.cache
         b = c.used
         self.tokens[:b, 0] = [r.token for r in c.rows]
-        lengths = c.length[:b]
-        if int(lengths.max()) >= c.max_target:
+        longest = int(c.length[:b].max())
+        if longest >= c.max_target:
             raise RuntimeError(f"a row reached the cache's {c.max_target} positions")
-        self.total[()] = lengths.max() + 1
+        self.total[()] = longest + 1
         if b != self._rows:
             self._binding, self._rows = self._rebind(b), b
         self.session.run_with_iobinding(self._binding)

@@ -76,8 +76,7 @@ def test_malformed_payload_is_invalid_argument_without_traceback(server, caplog,
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "malformed request" in err.details() and len(err.details()) < 300
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
-    assert wait_for(lambda: server.metric("nmt_requests_total", missing_ok=True, rpc=method,
-                                          code="INVALID_ARGUMENT") == before + 1)
+    assert server.settled_metric("nmt_requests_total", before + 1, rpc=method, code="INVALID_ARGUMENT") == before + 1
     assert health(server.target) == "SERVING"
 
 
@@ -198,8 +197,7 @@ def test_deadline_while_queued_is_counted_as_deadline_exceeded(server, client, c
         else:
             err = rpc_error(lambda: list(client.translate_stream("A dog runs in the park.", timeout=0.3)))
         assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED and not gate.released.is_set()
-    assert wait_for(lambda: server.metric("nmt_requests_total", missing_ok=True, rpc=method,
-                                          code="DEADLINE_EXCEEDED") == before + 1)
+    assert server.settled_metric("nmt_requests_total", before + 1, rpc=method, code="DEADLINE_EXCEEDED") == before + 1
     assert server.metric("nmt_requests_total", missing_ok=True, rpc=method, code="CANCELLED") == 0
     server.wait_idle()
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
@@ -227,8 +225,7 @@ def test_status_for_a_call_that_ended_meanwhile_is_dropped_quietly(server, clien
     before = server.metric("nmt_requests_total", missing_ok=True, rpc="Translate", code="DEADLINE_EXCEEDED")
     err = rpc_error(lambda: client.translate(["A dog runs in the park."], timeout=0.3))
     assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert wait_for(lambda: server.metric("nmt_requests_total", missing_ok=True, rpc="Translate",
-                                          code="DEADLINE_EXCEEDED") == before + 1)
+    assert server.settled_metric("nmt_requests_total", before + 1, rpc="Translate", code="DEADLINE_EXCEEDED") == before + 1
     assert len(calls) == 1  # told "live" once: the send was tried on the ended call
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], \
         [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
@@ -247,8 +244,7 @@ def test_unexpected_exception_is_internal_and_counted(server, client, monkeypatc
     assert err.code() == grpc.StatusCode.INTERNAL and "RuntimeError" in err.details()
     assert len(err.details()) < 300  # the exception text stays in the server log
     # The client can read the status before the server's handler has counted it: poll.
-    assert wait_for(lambda: server.metric("nmt_requests_total", missing_ok=True, rpc="Translate",
-                                          code="INTERNAL") == before + 1)
+    assert server.settled_metric("nmt_requests_total", before + 1, rpc="Translate", code="INTERNAL") == before + 1
     monkeypatch.undo()
     assert client.translate(["A dog."]).translations[0].hypotheses[0].text
 

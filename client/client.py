@@ -74,14 +74,18 @@ class TranslatorClient:
                 time.sleep(pause)
 
     def translate(self, texts: Sequence[str], model: str = "", timeout: Optional[float] = None,
-                  return_scores: bool = False, return_tokens: bool = False, **decoding) -> pb.TranslateResponse:
+                  return_scores: bool = False, return_tokens: bool = False, source_language: str = "",
+                  target_language: str = "", **decoding) -> pb.TranslateResponse:
         req = pb.TranslateRequest(model=model, texts=list(texts), options=options(**decoding),
-                                  return_scores=return_scores, return_tokens=return_tokens)
+                                  return_scores=return_scores, return_tokens=return_tokens,
+                                  source_language=source_language, target_language=target_language)
         return self._call(self.stub.Translate, req, timeout)
 
     def translate_stream(self, text: str, model: str = "", timeout: Optional[float] = None,
+                         source_language: str = "", target_language: str = "",
                          **decoding) -> Iterator[pb.TranslateStreamResponse]:
-        req = pb.TranslateStreamRequest(model=model, text=text, options=options(**decoding))
+        req = pb.TranslateStreamRequest(model=model, text=text, options=options(**decoding),
+                                        source_language=source_language, target_language=target_language)
         return self.stub.TranslateStream(req, timeout=self.timeout if timeout is None else timeout)
 
     def embed(self, texts: Sequence[str], model: str = "", normalize: bool = False,
@@ -132,14 +136,18 @@ class AsyncTranslatorClient:
                 await asyncio.sleep(pause)
 
     async def translate(self, texts: Sequence[str], model: str = "", timeout: Optional[float] = None,
-                        return_scores: bool = False, return_tokens: bool = False, **decoding) -> pb.TranslateResponse:
+                        return_scores: bool = False, return_tokens: bool = False, source_language: str = "",
+                  target_language: str = "", **decoding) -> pb.TranslateResponse:
         req = pb.TranslateRequest(model=model, texts=list(texts), options=options(**decoding),
-                                  return_scores=return_scores, return_tokens=return_tokens)
+                                  return_scores=return_scores, return_tokens=return_tokens,
+                                  source_language=source_language, target_language=target_language)
         return await self._call(self.stub.Translate, req, timeout)
 
     def translate_stream(self, text: str, model: str = "", timeout: Optional[float] = None,
+                         source_language: str = "", target_language: str = "",
                          **decoding) -> AsyncIterator[pb.TranslateStreamResponse]:
-        req = pb.TranslateStreamRequest(model=model, text=text, options=options(**decoding))
+        req = pb.TranslateStreamRequest(model=model, text=text, options=options(**decoding),
+                                        source_language=source_language, target_language=target_language)
         return self.stub.TranslateStream(req, timeout=self.timeout if timeout is None else timeout)
 
     async def embed(self, texts: Sequence[str], model: str = "", normalize: bool = False,

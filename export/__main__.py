@@ -2,6 +2,7 @@
 
     python -m export --checkpoint models/pretrained/multi30k-en-de-small/model.pt \\
         --out model_repository [--name multi30k-en-de-small] [--version 1] [--int8] [--fp16]
+    python -m export --from-huggingface ./opus-mt-en-de --out model_repository      # or a hub id
 
 Writes <out>/<name>/<version>/ (Triton's repository layout) with encoder.onnx,
 decoder_step.onnx, decoder_inplace.onnx (dot attention), the optional variants, tokenizer.json, config.json,
@@ -26,6 +27,7 @@ from export.parity import graph_parity, inplace_parity
 from export.variants import convert_fp16, quantize_int8
 from export.weights import share_weights
 from models.evaluate import load_checkpoint
+from models.tokenizer import load_tokenizer
 from server.bundle import BUNDLE_FORMAT, load_bundle
 from server.runtime import OnnxModel, RuntimeOptions
 
@@ -79,7 +81,10 @@ def _parity_problems(label: str, diffs) -> list[str]:
             f"(tolerance {FP32_TOLERANCE})"]
 
 
-def build_config(args, cfg, meta: dict, variants: dict, signatures: dict) -> dict:
+def build_config(args, cfg, meta: dict, variants: dict, signatures: dict, imported=None) -> dict:
+    extra = {} if imported is None else {"tokenizer": imported.tokenizer_entry, "languages": imported.languages,
+                                         "generation": imported.generation,
+                                         "imported_from": {k: meta[k] for k in ("source", "model_type")}}
     return {
         "format": BUNDLE_FORMAT,
         "name": args.name,
@@ -94,17 +99,22 @@ def build_config(args, cfg, meta: dict, variants: dict, signatures: dict) -> dic
         "variants": variants,
         "signatures": signatures,
         "trained": {k: meta[k] for k in ("corpus", "epoch", "step", "val_bleu_greedy") if k in meta},
+        **extra,
     }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True)
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--checkpoint", help="a checkpoint written by models.train / models.average")
+    source.add_argument("--from-huggingface", metavar="DIR_OR_HUB_ID",
+                        help="a Hugging Face MarianMT (OPUS-MT) or M2M100 checkpoint: a local directory, or a hub "
+                             "id downloaded through huggingface_hub (needs `pip install .[export]`)")
     p.add_argument("--out", required=True, help="model repository folder")
     p.add_argument("--name", help="model name (default: the checkpoint's folder name)")
     p.add_argument("--version", type=int, default=1)
-    p.add_argument("--src-lang", default="en", help="used when the checkpoint does not record it")
-    p.add_argument("--tgt-lang", default="de", help="used when the checkpoint does not record it")
+    p.add_argument("--src-lang", help="source language, when the checkpoint does not record it (default en)")
+    p.add_argument("--tgt-lang", help="target language, when the checkpoint does not record it (default de)")
     p.add_argument("--opset", type=int, default=graphs.OPSET)
     p.add_argument("--int8", action="store_true",
                    help="also write the int8 variant (activations quantised per row: batch-invariant)")
@@ -113,9 +123,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="skip decoder_inplace.onnx (the engine then copies the cache into decoder_step.onnx each step)")
     p.add_argument("--force", action="store_true", help="replace an existing <name>/<version>")
     args = p.parse_args(argv)
-    ckpt = Path(args.checkpoint)
-    args.name = args.name or ckpt.parent.name
-    model, tok, meta = load_checkpoint(ckpt)
+    imported = None
+    if args.from_huggingface:
+        from export.huggingface import ImportProblems, import_checkpoint
+        try:
+            imported = import_checkpoint(args.from_huggingface, args.src_lang, args.tgt_lang)
+        except ImportProblems as e:
+            print(f"cannot import {args.from_huggingface}: {len(e.problems)} problem(s); nothing written:",
+                  file=sys.stderr)
+            for item in e.problems:
+                print(f"  - {item}", file=sys.stderr)
+            return 1
+        model, tok, meta = imported.model, None, imported.meta
+        ckpt = imported.hf_dir / "config.json"
+        args.name = args.name or Path(args.from_huggingface.rstrip("/")).name
+    else:
+        ckpt = Path(args.checkpoint)
+        args.name = args.name or ckpt.parent.name
+        model, tok, meta = load_checkpoint(ckpt)
+    args.src_lang, args.tgt_lang = args.src_lang or "en", args.tgt_lang or "de"
     target = Path(args.out) / args.name / str(args.version)
     if target.exists() and not args.force:
         print(f"error: {target} exists (use --force to replace it)", file=sys.stderr)
@@ -164,18 +190,36 @@ def main(argv: Sequence[str] | None = None) -> int:
             files["weights"] = weights
             print(f"{variant}: {len(files) - 1} graphs share {weights}: {before / 2**20:.1f} -> "
                   f"{after / 2**20:.1f} MiB of weights", file=sys.stderr)
-        tok.save(stage / "tokenizer.json")
+        if imported is None:
+            tok.save(stage / "tokenizer.json")
+        else:
+            for name, src in imported.tokenizer_files.items():
+                shutil.copy(src, stage / name)
         signatures = {"encoder": _io_signature(onnx.load(str(paths["encoder"]))),
                       "decoder_step": _io_signature(onnx.load(str(paths["decoder"])))}
         if with_inplace:
             signatures["decoder_inplace"] = _io_signature(onnx.load(str(paths["inplace"])))
-        config = build_config(args, model.cfg, meta, variants, signatures)
+        config = build_config(args, model.cfg, meta, variants, signatures, imported)
         (stage / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         card = ckpt.parent / "MODEL_CARD.md"
-        if card.exists():
+        if card.exists() and imported is None:
             shutil.copy(card, stage / "MODEL_CARD.md")
+        elif imported is not None:
+            (stage / "MODEL_CARD.md").write_text(
+                f"# {args.name}\n\nImported from the Hugging Face checkpoint `{meta['source']}` "
+                f"({meta['model_type']}) by `python -m export --from-huggingface`; see the original model card "
+                "for its training data, quality and licence.\n")
         docs = [graphs.__doc__.strip()] + ([inplace.__doc__.strip()] if with_inplace else [])
         (stage / "README.md").write_text("# Bundle graphs\n\n" + "\n\n".join(f"```\n{d}\n```" for d in docs) + "\n")
+
+        if imported is not None:  # ours == transformers, before ours == ONNX below
+            from export.huggingface import reference_parity
+            diff, tok_problems = reference_parity(imported, imported.reference,
+                                                  load_tokenizer(imported.tokenizer_entry, stage))
+            print(f"transformers parity: worst max|logit diff| {diff:.2e}", file=sys.stderr)
+            problems += tok_problems
+            if diff > FP32_TOLERANCE:
+                problems.append(f"logits differ from transformers' by {diff:.2e} (tolerance {FP32_TOLERANCE})")
 
         # Parity, through the same loader and runtime the server uses.
         bundle = load_bundle(stage)

@@ -148,12 +148,7 @@ class InPlaceDecoderStep(nn.Module):
             a = layer.ffn(h)
             x = x + a if layer.pre_norm else layer.norm3(x + a)
             presents += [pk, pv, ck, cv]
-        x = m.dec_norm(x)
-        if m.out_proj is None:
-            logits = torch.nn.functional.linear(x.reshape(b, -1), m.tgt_embed.weight).view(b, 1, -1)  # (B, 1, V)
-        else:
-            logits = m.out_proj(x)
-        return (logits, *presents)
+        return (m.logits(x), *presents)  # logits (B, 1, V)
 
 
 def example_inputs(model: Transformer, batch: int = 3, capacity: int = 8, src_capacity: int = 6,
@@ -163,7 +158,7 @@ def example_inputs(model: Transformer, batch: int = 3, capacity: int = 8, src_ca
     g = torch.Generator().manual_seed(seed)
     ages = torch.tensor([0, 3, capacity - 1][:batch] + [1] * max(0, batch - 3))
     src_len = torch.tensor([1, src_capacity, 2][:batch] + [3] * max(0, batch - 3))
-    tokens = torch.randint(4, cfg.vocab_size, (batch, 1), generator=g)
+    tokens = torch.randint(4, cfg.out_vocab_size, (batch, 1), generator=g)
     caches = []
     for _ in range(cfg.n_dec_layers):
         for cap in (capacity, capacity, src_capacity, src_capacity):

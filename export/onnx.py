@@ -105,7 +105,7 @@ def example_inputs(model: Transformer, batch: int = 2, src_len: int = 5, past_le
     past_mask = torch.ones(batch, past_len, dtype=torch.bool)
     past_mask[0, past_len // 2:] = False  # row 0 is younger than the others
     positions = past_mask.sum(1, keepdim=True) + torch.arange(step)[None, :]
-    dec = (torch.randint(4, cfg.vocab_size, (batch, step), generator=g), positions,
+    dec = (torch.randint(4, cfg.out_vocab_size, (batch, step), generator=g), positions,
            torch.randn(past_shape, generator=g), torch.randn(past_shape, generator=g), past_mask,
            torch.randn(kv_shape, generator=g), torch.randn(kv_shape, generator=g), src_mask)
     return (src_ids, src_mask), dec

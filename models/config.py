@@ -36,13 +36,34 @@ class ModelConfig:
     attention: Literal["dot", "additive"] = "dot"
     # Encoder self-attention sees only |i - j| <= local_window when set.
     local_window: Optional[int] = None
-    tie_embeddings: bool = True
+    tie_embeddings: bool = True  # one table for source and target embeddings
+    # The output projection is the target embedding table (None: as tie_embeddings).
+    tie_output: Optional[bool] = None
+    # A target vocabulary apart from the source one (Marian's separate_vocabs; None: vocab_size).
+    tgt_vocab_size: Optional[int] = None
+    # -- the knobs imported architectures need (export/huggingface.py); defaults are this repo's models --
+    activation: Literal["relu", "gelu", "swish"] = "relu"
+    scale_embeddings: bool = True  # token embeddings times sqrt(d_model)
+    # Sinusoid i has frequency 10000^(-i / (d_model/2 - position_freq_shift)): 0 here and in Marian,
+    # 1 in fairseq's table (M2M100, NLLB).
+    position_freq_shift: int = 0
+    position_offset: int = 0  # added to 0-based positions (M2M100/NLLB: padding id + 1 = 2)
+    final_norms: Optional[bool] = None  # layer norm after the last encoder/decoder layer (None: as pre_norm)
+    output_bias: bool = False  # a fixed bias on the logits (Marian's final_logits_bias)
+    layer_norm_eps: float = 1e-5
+    # Token ids never generated (Marian: the pad id, which is also its decoder start).
+    suppress_ids: tuple[int, ...] = ()
     pad_id: int = PAD_ID
     bos_id: int = BOS_ID
     eos_id: int = EOS_ID
     unk_id: int = UNK_ID
 
     def __post_init__(self) -> None:
+        if self.tie_output is None:
+            self.tie_output = self.tie_embeddings
+        if self.final_norms is None:
+            self.final_norms = self.pre_norm
+        self.suppress_ids = tuple(int(i) for i in self.suppress_ids)
         problems = self.problems()
         if problems:
             raise ValueError("invalid ModelConfig: " + "; ".join(problems))
@@ -62,17 +83,36 @@ class ModelConfig:
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
                 out.append(f"{name}={value} must be in [0, 1)")
-        ids = {self.pad_id, self.bos_id, self.eos_id, self.unk_id}
-        if len(ids) != 4 or max(ids) >= self.vocab_size:
-            out.append("special ids must be distinct and < vocab_size")
+        if self.activation not in ("relu", "gelu", "swish"):
+            out.append(f"activation={self.activation!r} is not relu, gelu or swish")
+        if self.tgt_vocab_size is not None and self.tie_embeddings and self.tgt_vocab_size != self.vocab_size:
+            out.append(f"tgt_vocab_size={self.tgt_vocab_size} differs from vocab_size={self.vocab_size} "
+                       "but the embeddings are tied")
+        if not 0 <= self.position_freq_shift < self.d_model // 2:
+            out.append(f"position_freq_shift={self.position_freq_shift} must be in [0, d_model/2)")
+        # bos_id is the decoder's first input; Marian starts from its pad id, M2M100 from its EOS.
+        if len({self.pad_id, self.eos_id, self.unk_id}) != 3:
+            out.append("pad, eos and unk ids must be distinct")
+        if max(self.pad_id, self.eos_id, self.unk_id) >= self.vocab_size:
+            out.append(f"special ids must be < vocab_size={self.vocab_size}")
+        if max((self.bos_id, self.eos_id, *self.suppress_ids)) >= self.out_vocab_size or min(
+                (self.bos_id, *self.suppress_ids)) < 0:
+            out.append(f"bos, eos and suppressed ids must lie in the target vocabulary [0, {self.out_vocab_size})")
         return out
+
+    @property
+    def out_vocab_size(self) -> int:
+        """Size of the target vocabulary (the logits' last axis)."""
+        return self.tgt_vocab_size or self.vocab_size
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        out["suppress_ids"] = list(self.suppress_ids)
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":

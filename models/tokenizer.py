@@ -91,3 +91,15 @@ class SubwordTokenizer:
 
     def iter_pieces(self, ids: Iterable[int]) -> Iterator[str]:
         return (self._pieces[i] for i in ids)
+
+
+def load_tokenizer(entry: str | dict, folder: str | Path):
+    """The tokenizer a bundle's config.json names: a tokenizer.json file (this repo's models) or a
+    `{"kind": "sentencepiece", ...}` section (imported Hugging Face models)."""
+    folder = Path(folder)
+    if isinstance(entry, str):
+        return SubwordTokenizer.load(folder / entry)
+    if entry.get("kind") == "sentencepiece":
+        from models.sentencepiece_tokenizer import SentencePieceTokenizer
+        return SentencePieceTokenizer.from_entry(entry, folder)
+    raise ValueError(f"unknown tokenizer kind {entry.get('kind')!r}")

@@ -26,28 +26,34 @@ from models.attention import MultiHeadAttention, causal_mask, local_window_mask
 from models.config import ModelConfig
 
 
-def sinusoidal_table(positions: Tensor, d_model: int) -> Tensor:
+def sinusoidal_table(positions: Tensor, d_model: int, freq_shift: int = 0) -> Tensor:
     """positions (...) int -> (..., D) float: [sin(p w_i) for i] ++ [cos(p w_i) for i].
 
-    w_i = 10000^(-2i/D). The concatenated (not interleaved) layout is written
-    down because the CTranslate2 converter exports this exact table.
+    w_i = 10000^(-i / (D/2 - freq_shift)): freq_shift 0 is 10000^(-2i/D) (this
+    repo, Marian), 1 is fairseq's table (M2M100, NLLB). The concatenated (not
+    interleaved) layout is written down because the CTranslate2 converter and
+    Hugging Face's Marian/M2M100 use this exact table.
     """
     half = d_model // 2
     inv_freq = torch.exp(torch.arange(half, dtype=torch.float32, device=positions.device)
-                         * (-math.log(10000.0) * 2.0 / d_model))  # (D/2,)
+                         * (-math.log(10000.0) / (half - freq_shift)))  # (D/2,)
     angles = positions.to(torch.float32).unsqueeze(-1) * inv_freq  # (..., D/2)
     return torch.cat([angles.sin(), angles.cos()], dim=-1)  # (..., D)
 
 
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}
+
+
 class FeedForward(nn.Module):
-    def __init__(self, d_model: int, d_ff: int, dropout: float):
+    def __init__(self, d_model: int, d_ff: int, dropout: float, activation: str = "relu"):
         super().__init__()
         self.fc1 = nn.Linear(d_model, d_ff)
         self.fc2 = nn.Linear(d_ff, d_model)
         self.dropout = nn.Dropout(dropout)
+        self.act = ACTIVATIONS[activation]
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(self.dropout(F.relu(self.fc1(x))))
+        return self.fc2(self.dropout(self.act(self.fc1(x))))
 
 
 class EncoderLayer(nn.Module):
@@ -55,9 +61,9 @@ class EncoderLayer(nn.Module):
         super().__init__()
         self.pre_norm = cfg.pre_norm
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attn_dropout, cfg.attention)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout)
-        self.norm1 = nn.LayerNorm(cfg.d_model)
-        self.norm2 = nn.LayerNorm(cfg.d_model)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout, cfg.activation)
+        self.norm1 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
@@ -75,10 +81,10 @@ class DecoderLayer(nn.Module):
         self.pre_norm = cfg.pre_norm
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attn_dropout, cfg.attention)
         self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attn_dropout, cfg.attention)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout)
-        self.norm1 = nn.LayerNorm(cfg.d_model)
-        self.norm2 = nn.LayerNorm(cfg.d_model)
-        self.norm3 = nn.LayerNorm(cfg.d_model)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout, cfg.activation)
+        self.norm1 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.norm3 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x: Tensor, past_k: Tensor, past_v: Tensor, self_mask: Tensor,
@@ -107,12 +113,16 @@ class Transformer(nn.Module):
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
         self.tgt_embed = self.embed if cfg.tie_embeddings else nn.Embedding(
-            cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
+            cfg.out_vocab_size, cfg.d_model, padding_idx=cfg.pad_id if cfg.pad_id < cfg.out_vocab_size else None)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_enc_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_dec_layers))
-        self.enc_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
-        self.dec_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
-        self.out_proj = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        eps = cfg.layer_norm_eps
+        self.enc_norm = nn.LayerNorm(cfg.d_model, eps=eps) if cfg.final_norms else nn.Identity()
+        self.dec_norm = nn.LayerNorm(cfg.d_model, eps=eps) if cfg.final_norms else nn.Identity()
+        self.out_proj = None if cfg.tie_output else nn.Linear(cfg.d_model, cfg.out_vocab_size, bias=False)
+        # A constant, like Hugging Face's buffer of the same name; only imported models have one.
+        self.register_buffer("final_logits_bias", torch.zeros(cfg.out_vocab_size) if cfg.output_bias else None)
+        self.embed_scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
         self.dropout = nn.Dropout(cfg.dropout)
         self._init_weights()
 
@@ -124,11 +134,15 @@ class Transformer(nn.Module):
             # Embeddings are scaled by sqrt(D) on the way in, so N(0, 1/D) keeps
             # their contribution at unit scale and the tied output logits small.
             nn.init.normal_(emb.weight, std=self.cfg.d_model ** -0.5)
-            with torch.no_grad():
-                emb.weight[self.cfg.pad_id].zero_()
+            if emb.padding_idx is not None:
+                with torch.no_grad():
+                    emb.weight[emb.padding_idx].zero_()
 
     def _embed(self, table: nn.Embedding, ids: Tensor, positions: Tensor) -> Tensor:
-        x = table(ids) * math.sqrt(self.cfg.d_model) + sinusoidal_table(positions, self.cfg.d_model)
+        """ids, positions (B, T) -> (B, T, D); positions count from 0, the table's offset is added here."""
+        cfg = self.cfg
+        x = table(ids) * self.embed_scale + sinusoidal_table(positions + cfg.position_offset, cfg.d_model,
+                                                             cfg.position_freq_shift)
         return self.dropout(x)  # (B, T, D)
 
     # -- encoder --------------------------------------------------------------
@@ -177,6 +191,11 @@ class Transformer(nn.Module):
             x, k, v = layer(x, past_k[i], past_v[i], self_mask, cross_k[i], cross_v[i], cross_mask)
             new_ks.append(k)
             new_vs.append(v)
+        return self.logits(x), torch.stack(new_ks), torch.stack(new_vs)
+
+    def logits(self, x: Tensor) -> Tensor:
+        """The last decoder layer's output (B, T, D) -> logits (B, T, V)."""
+        b, t, _ = x.shape
         x = self.dec_norm(x)
         if self.out_proj is None:
             # 2-D so the ONNX exporter emits Gemm(transB=1) on the embedding itself
@@ -184,7 +203,7 @@ class Transformer(nn.Module):
             logits = F.linear(x.reshape(b * t, -1), self.tgt_embed.weight).view(b, t, -1)  # (B, T, V)
         else:
             logits = self.out_proj(x)
-        return logits, torch.stack(new_ks), torch.stack(new_vs)
+        return logits if self.final_logits_bias is None else logits + self.final_logits_bias
 
     # -- training -------------------------------------------------------------
     def forward(self, src_ids: Tensor, tgt_in: Tensor) -> Tensor:

@@ -10,17 +10,23 @@ Repository layout (Triton's `<repository>/<model>/<version>/`):
           encoder.int8.onnx    decoder_step.int8.onnx   (int8, activations quantised per row)
           decoder_inplace.onnx decoder_inplace.int8.onnx (optional: the step over the slot cache in place)
           weights.bin          weights.int8.bin         (each variant's tensors, stored once for its graphs)
-          tokenizer.json
+          tokenizer.json       (this repo's models; imported ones carry source.spm, vocab.json, ... instead)
           MODEL_CARD.md
+
+Format versions: nmt-bundle/1 (tokenizer.json named by a string) still loads;
+nmt-bundle/2 adds a `tokenizer` section naming its kind and files, a
+`languages` section (the pairs served and the language tokens), and the
+generation rules of imported models (suppressed ids, forced EOS at the limit).
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
-BUNDLE_FORMAT = "nmt-bundle/1"
+BUNDLE_FORMAT = "nmt-bundle/2"
+READABLE_FORMATS = ("nmt-bundle/1", BUNDLE_FORMAT)
 REQUIRED = ("encoder", "decoder_step")  # graphs every variant has
 GRAPHS = REQUIRED + ("decoder_inplace",)
 FILES = GRAPHS + ("weights",)  # weights: the variant's external data, shared by its graphs (optional)
@@ -42,10 +48,39 @@ class ModelSpec:
     bos_id: int
     eos_id: int
     max_positions: int
+    tgt_vocab_size: Optional[int] = None
+    suppress_ids: tuple[int, ...] = ()
+
+    @property
+    def out_vocab_size(self) -> int:
+        """The logits' last axis."""
+        return self.tgt_vocab_size or self.vocab_size
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+
+@dataclass(frozen=True)
+class Languages:
+    """Which language pairs a model serves and how a request's languages reach the model.
+
+    target_rule: "none" (one target language, nothing to add), "source_prefix" (the target's
+    token leads the source, Marian's >>fra<<), or "forced_bos" (the source's token leads the
+    source and the target's is forced as the first output, M2M100/NLLB).
+    """
+    pairs: tuple[tuple[str, str], ...]
+    source_tokens: dict[str, int] = field(default_factory=dict)
+    target_tokens: dict[str, int] = field(default_factory=dict)
+    target_rule: str = "none"
+
+    @property
+    def sources(self) -> list[str]:
+        return sorted({s for s, _ in self.pairs})
+
+    @property
+    def targets(self) -> list[str]:
+        return sorted({t for _, t in self.pairs})
 
 
 @dataclass(frozen=True)
@@ -57,8 +92,13 @@ class Bundle:
     target_language: str
     spec: ModelSpec
     variants: dict[str, dict[str, str]]  # variant -> {"encoder": file, "decoder_step": file[, "decoder_inplace": file]}
-    tokenizer_file: Path
+    tokenizer_file: Path  # tokenizer.json, or the source SentencePiece model of an imported one
     config: dict[str, Any] = field(repr=False)
+    languages: Languages = field(default=None)
+
+    @property
+    def tokenizer_entry(self) -> str | dict[str, Any]:
+        return self.config.get("tokenizer", "tokenizer.json")
 
     def graph_path(self, variant: str, graph: str) -> Path:
         if variant not in self.variants:
@@ -75,14 +115,18 @@ def load_bundle(path: str | Path) -> Bundle:
         raise BundleError(f"{path}: no config.json")
     config = json.loads(cfg_path.read_text())
     problems = []
-    if config.get("format") != BUNDLE_FORMAT:
-        problems.append(f"format is {config.get('format')!r}, expected {BUNDLE_FORMAT!r}")
+    if config.get("format") not in READABLE_FORMATS:
+        problems.append(f"format is {config.get('format')!r}; this server reads {', '.join(READABLE_FORMATS)} "
+                        "(re-export the model with this version's `python -m export`)")
     model = config.get("model", {})
-    try:
-        spec = ModelSpec(**{k: model[k] for k in ModelSpec.__dataclass_fields__})
-    except KeyError as e:
-        problems.append(f"model section lacks {e}")
+    optional = {"tgt_vocab_size", "suppress_ids"}
+    missing = [k for k in ModelSpec.__dataclass_fields__ if k not in model and k not in optional]
+    if missing:
+        problems.append(f"model section lacks {', '.join(missing)}")
         spec = None
+    else:
+        spec = ModelSpec(**{k: tuple(model[k]) if k == "suppress_ids" else model[k]
+                            for k in ModelSpec.__dataclass_fields__ if k in model})
     variants = config.get("variants", {})
     if "fp32" not in variants:
         problems.append("no fp32 variant")
@@ -95,14 +139,29 @@ def load_bundle(path: str | Path) -> Bundle:
                 problems.append(f"variant {name}: unknown file kind {graph!r} (known: {', '.join(FILES)})")
             elif not (path / file).exists():
                 problems.append(f"variant {name}: {file} missing")
-    tok = path / config.get("tokenizer", "tokenizer.json")
-    if not tok.exists():
-        problems.append(f"{tok.name} missing")
+    entry = config.get("tokenizer", "tokenizer.json")
+    if isinstance(entry, str):
+        tok_files = [entry]
+    elif entry.get("kind") == "sentencepiece":
+        tok_files = [entry[k] for k in ("source_model", "target_model", "vocab", "target_vocab") if entry.get(k)]
+    else:
+        problems.append(f"unknown tokenizer kind {entry.get('kind')!r} (known: a tokenizer.json, sentencepiece)")
+        tok_files = []
+    for name in tok_files:
+        if not (path / name).exists():
+            problems.append(f"tokenizer file {name} missing")
     if problems:
         raise BundleError(f"{path}: " + "; ".join(problems))
-    return Bundle(path=path, name=config["name"], version=int(config["version"]),
-                  source_language=config["source_language"], target_language=config["target_language"],
-                  spec=spec, variants=variants, tokenizer_file=tok, config=config)
+    src, tgt = config["source_language"], config["target_language"]
+    lang = config.get("languages") or {}
+    languages = Languages(pairs=tuple(tuple(p) for p in lang.get("pairs", [[src, tgt]])),
+                          source_tokens=lang.get("source_tokens", {}), target_tokens=lang.get("target_tokens", {}),
+                          target_rule=lang.get("target_rule", "none"))
+    if languages.target_rule not in ("none", "source_prefix", "forced_bos"):
+        raise BundleError(f"{path}: unknown languages.target_rule {languages.target_rule!r}")
+    return Bundle(path=path, name=config["name"], version=int(config["version"]), source_language=src,
+                  target_language=tgt, spec=spec, variants=variants, tokenizer_file=path / tok_files[0],
+                  config=config, languages=languages)
 
 
 def discover(repository: str | Path) -> list[Bundle]:

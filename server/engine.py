@@ -48,7 +48,7 @@ class Engine:
         self.spec = runtime.spec
         self.max_padding = max_padding
         # decoder_inplace.onnx writes the slot cache itself; decoder_step.onnx needs gathered copies.
-        self.inplace = InPlaceStep(runtime.inplace, cache, self.spec.vocab_size) if runtime.inplace else None
+        self.inplace = InPlaceStep(runtime.inplace, cache, self.spec.out_vocab_size) if runtime.inplace else None
 
     def _encode(self, seqs: list[list[int]]):
         ids, mask = pad_batch(seqs, self.spec.pad_id)

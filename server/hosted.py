@@ -10,15 +10,15 @@ from typing import Callable, Optional
 
 from models.config import max_output_len
 from models.data import normalize
-from models.tokenizer import SubwordTokenizer
+from models.tokenizer import load_tokenizer
 from server.bundle import Bundle
 from server.config import ServerConfig
 from server.engine import Engine
-from server.errors import InvalidArgument
+from server.errors import InvalidArgument, shown
 from server.kv_cache import SlotCache
 from server.loop import EngineLoop
 from server.metrics import Metrics
-from server.request import DecodingParams, EmbedJob, ErrorEvent, Event, FinishEvent, Job
+from server.request import DecodingParams, EmbedJob, ErrorEvent, Event, FinishEvent, GenerationRules, Job
 from server.runtime import OnnxModel, RuntimeOptions, keep_freed_memory
 from server.scheduler import Scheduler
 
@@ -26,7 +26,7 @@ from server.scheduler import Scheduler
 class HostedModel:
     def __init__(self, bundle: Bundle, cfg: ServerConfig, metrics: Metrics):
         self.bundle, self.cfg, self.name = bundle, cfg, bundle.name
-        self.tok = SubwordTokenizer.load(bundle.tokenizer_file)
+        self.tok = load_tokenizer(bundle.tokenizer_entry, bundle.path)
         keep_freed_memory()
         self.runtime = OnnxModel(bundle, RuntimeOptions(variant=cfg.variant, provider=cfg.provider, decoder=cfg.decoder,
                                                         intra_op_threads=cfg.intra_op_threads,
@@ -35,9 +35,13 @@ class HostedModel:
         self.max_source = min(cfg.max_source_tokens, spec.max_positions)
         self.max_output = min(cfg.max_output_tokens, spec.max_positions - 1)
         self.cache = SlotCache(spec, cfg.max_batch_size, self.max_source, self.max_output + 1)
+        generation = bundle.config.get("generation", {})
+        rules = GenerationRules(spec.eos_id, spec.suppress_ids, bool(generation.get("force_eos_at_limit", False)),
+                                bool(generation.get("renormalize", False)))
         self.scheduler = Scheduler(self.name, self.cache, metrics, spec.eos_id,
                                    max_queue=cfg.max_queue_size, max_encode_tokens=cfg.max_batch_tokens,
-                                   max_encode_batch=cfg.max_batch_size, stream_interval=cfg.stream_interval)
+                                   max_encode_batch=cfg.max_batch_size, stream_interval=cfg.stream_interval,
+                                   rules=rules)
         self.engine = Engine(self.name, self.runtime, self.cache, metrics, cfg.max_encode_padding)
         self.loop = EngineLoop(self.scheduler, self.engine, cfg.max_queue_delay_ms / 1000.0)
         for gauge in (metrics.running, metrics.waiting, metrics.kv_usage):
@@ -67,13 +71,39 @@ class HostedModel:
         self.loop.stop(grace)
 
     # -- requests ------------------------------------------------------------------
-    def encode_texts(self, texts: list[str]) -> list[list[int]]:
+    # -- languages -----------------------------------------------------------------------
+    def serves(self, source: str, target: str) -> bool:
+        return any((not source or s == source) and (not target or t == target) for s, t in self.bundle.languages.pairs)
+
+    def describe_languages(self) -> str:
+        lang = self.bundle.languages
+        if len(lang.pairs) <= 20:
+            return ", ".join(f"{s}->{t}" for s, t in lang.pairs)
+        # A many-to-many model: name the languages, not the thousands of pairs.
+        return (f"from {len(lang.sources)} languages ({', '.join(lang.sources)}) "
+                f"into {len(lang.targets)} ({', '.join(lang.targets)})")
+
+    def language_tokens(self, source: str, target: str) -> tuple[list[int], tuple[int, ...]]:
+        """The request's languages -> (ids leading the source, tokens forced as the first outputs)."""
+        lang = self.bundle.languages
+        source, target = source or self.bundle.source_language, target or self.bundle.target_language
+        if (source, target) not in lang.pairs:
+            raise InvalidArgument(f"model {self.name} does not translate {shown(source)}->{shown(target)}; "
+                                  f"it serves {self.describe_languages()}")
+        if lang.target_rule == "source_prefix":
+            return [lang.target_tokens[target]], ()
+        if lang.target_rule == "forced_bos":
+            return [lang.source_tokens[source]], (lang.target_tokens[target],)
+        return [], ()
+
+    # -- requests ------------------------------------------------------------------
+    def encode_texts(self, texts: list[str], prefix: Optional[list[int]] = None) -> list[list[int]]:
         problems, out = [], []
         for i, text in enumerate(texts):
             if not normalize(text):
                 problems.append(f"texts[{i}] is empty")
                 continue
-            ids = self.tok.encode(text)
+            ids = (prefix or []) + self.tok.encode(text)
             if len(ids) > self.max_source:
                 problems.append(f"texts[{i}] is {len(ids)} tokens long; the limit is {self.max_source}")
             out.append(ids)
@@ -107,15 +137,17 @@ class HostedModel:
         return p
 
     def jobs(self, texts: list[str], params: DecodingParams, sink: Callable[[Event], None] | list,
-             deadline: Optional[float], scores: bool = False, stream: bool = False) -> list[Job]:
+             deadline: Optional[float], scores: bool = False, stream: bool = False,
+             languages: tuple[str, str] = ("", "")) -> list[Job]:
         """Validated jobs for texts; `sink` is one callable for all, or one per text."""
         params = self.check_params(params)
+        prefix, forced = self.language_tokens(*languages)
         sinks = sink if isinstance(sink, list) else [sink] * len(texts)
         out = []
-        for ids, s in zip(self.encode_texts(texts), sinks):
+        for ids, s in zip(self.encode_texts(texts, prefix), sinks):
             budget = params.max_output_tokens or max_output_len(len(ids), self.max_output)
-            out.append(Job(self.name, ids, params, min(budget, self.max_output), s, deadline,
-                           scores=scores, stream=stream))
+            out.append(Job(self.name, ids, params, min(budget, self.max_output - len(forced)), s, deadline,
+                           scores=scores, stream=stream, forced=forced))
         return out
 
     def embed_jobs(self, texts: list[str], sinks: list, deadline: Optional[float]) -> list[EmbedJob]:
@@ -128,5 +160,7 @@ class HostedModel:
                 "max_source_tokens": self.max_source, "max_output_tokens": self.max_output,
                 "max_texts_per_request": self.cfg.max_texts_per_request, "max_beam_size": self.cfg.max_beam_size,
                 "variant": self.cfg.variant, "provider": self.runtime.providers[0],
-                "vocab_size": spec.vocab_size, "embedding_dimension": spec.d_model}
+                "vocab_size": spec.out_vocab_size, "embedding_dimension": spec.d_model,
+                "language_pairs": [{"source_language": s, "target_language": t}
+                                   for s, t in self.bundle.languages.pairs]}
 

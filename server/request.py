@@ -45,6 +45,17 @@ class DecodingParams:
         return self.beam_size if self.beam_size > 1 else self.num_hypotheses
 
 
+@dataclass(frozen=True)
+class GenerationRules:
+    """A model's fixed rules for choosing tokens (from its bundle), applied to every request."""
+    eos_id: int
+    suppress_ids: tuple[int, ...] = ()  # never generated (Marian: its pad id)
+    force_eos_at_limit: bool = False  # the last token a length budget allows is EOS (Marian's forced_eos_token_id)
+    # Beam log-probs renormalised after suppression (Hugging Face's renormalize_logits, set by OPUS-MT);
+    # otherwise suppressed tokens are cut from log_softmax over the whole vocabulary.
+    renormalize: bool = False
+
+
 @dataclass
 class Hypothesis:
     token_ids: list[int]
@@ -104,6 +115,9 @@ class Job:
     cancelled: bool = False  # set from the service side; read by the engine thread
     scores: bool = False  # report hypothesis log-probabilities (beam search always has them)
     stream: bool = False  # send TokenEvents as tokens are decoded (else only the FinishEvent)
+    # Tokens forced as the first outputs (M2M100/NLLB: the target-language token), with log-prob 0
+    # as Hugging Face's ForcedBOSTokenLogitsProcessor gives them; not part of the returned tokens.
+    forced: tuple[int, ...] = ()
 
     def cancel(self) -> None:
         self.cancelled = True

@@ -12,6 +12,7 @@ Each engine-loop iteration is  schedule() -> engine work -> update():
 from __future__ import annotations
 
 import collections
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,7 +24,8 @@ from server.beam import BeamState, log_softmax, logsumexp
 from server.errors import Cancelled, DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable
 from server.kv_cache import Row, SlotCache
 from server.metrics import Metrics
-from server.request import EmbedJob, ErrorEvent, FinishEvent, FinishReason, Hypothesis, Job, TokenEvent
+from server.request import (EmbedJob, ErrorEvent, FinishEvent, FinishReason, GenerationRules, Hypothesis, Job,
+                            TokenEvent)
 from server.sampler import make_rng, sample_token
 
 
@@ -55,9 +57,11 @@ class StepPlan:
 class Scheduler:
     def __init__(self, model: str, cache: SlotCache, metrics: Metrics, eos_id: int,
                  max_queue: int = 256, max_encode_tokens: int = 4096, max_encode_batch: int = 64,
-                 stream_interval: int = 1):
+                 stream_interval: int = 1, rules: Optional[GenerationRules] = None):
         self.model, self.cache, self.m = model, cache, metrics.for_model(model)
         self.eos_id = eos_id
+        self.rules = rules or GenerationRules(eos_id)
+        self.suppress = list(self.rules.suppress_ids)
         # Each stream message costs ~100 us of gRPC CPU on both ends (docs/benchmarks/serving_load.md);
         # under load, sending every N tokens buys that CPU back for decoding.
         self.stream_interval = max(1, stream_interval)
@@ -153,13 +157,19 @@ class Scheduler:
 
     def update(self, logits: np.ndarray, now: float) -> None:
         """logits (B, V) for the rows in slot order, from one decode step."""
-        greedy = logits.argmax(axis=-1).tolist()  # every row's argmax in one call; sampling rows ignore it
         # Log-probabilities only where someone reads them: a full-vocabulary softmax for every
         # row was 6% of the engine thread, and a plain greedy stream never reports a score.
         lse = np.zeros(len(logits), dtype=np.float32)
         scored = [r.slot for st in self.running if st.beam is None and st.scored for r in st.rows if r.slot >= 0]
         if scored:
             lse[scored] = logsumexp(logits[scored])
+        self._suppressed_lse = None
+        if self.suppress:
+            # Suppressed tokens get -inf in place (logits is this step's buffer). Beam search keeps the
+            # unsuppressed normaliser, as Hugging Face applies its processors after log_softmax.
+            self._suppressed_lse = np.logaddexp(logsumexp(logits), logsumexp(logits[:, self.suppress]))
+            logits[:, self.suppress] = -np.inf
+        greedy = logits.argmax(axis=-1).tolist()  # every row's argmax in one call; sampling rows ignore it
         # Slots must not move while logits rows are read by slot: releases wait until the end.
         self._to_release: list[Row] = []
         for state in list(self.running):
@@ -177,10 +187,17 @@ class Scheduler:
                     now: float) -> None:
         job = state.job
         finished_rows = []
+        forced = state.step < len(job.forced)
         for i in [i for i, live in enumerate(state.live) if live]:
             row = state.rows[i]
-            tok = sample_token(logits[row.slot], job.params, state.rngs[i]) if job.params.sampling \
-                else greedy[row.slot]
+            if forced:  # not an output token: fed back, never returned or streamed
+                row.token = job.forced[state.step]
+                continue
+            if self.rules.force_eos_at_limit and len(state.tokens[i]) == job.max_len - 1:
+                tok = self.eos_id
+            else:
+                tok = sample_token(logits[row.slot], job.params, state.rngs[i]) if job.params.sampling \
+                    else greedy[row.slot]
             if state.scored:
                 state.logprob[i] += float(logits[row.slot, tok] - lse[row.slot])
             if tok == self.eos_id:
@@ -194,6 +211,8 @@ class Scheduler:
                     state.live[i] = False
             if not state.live[i]:
                 finished_rows.append(row)
+        if forced:
+            return
         self._observe_token(job, now)
         # Streams follow hypothesis 0: its first token at once, then every stream_interval tokens,
         # and whatever is held when it ends (before the FinishEvent).
@@ -211,11 +230,23 @@ class Scheduler:
     def _beam_update(self, state: Running, logits: np.ndarray, now: float) -> None:
         job = state.job
         slots = [r.slot for r in state.rows]
-        last = state.step == job.max_len - 1
-        parents, tokens = state.beam.advance(log_softmax(logits[slots]), state.step, last)
-        self._observe_token(job, now)
+        n_forced = len(job.forced)
+        last = state.step == job.max_len - 1 + n_forced
+        if self._suppressed_lse is None or self.rules.renormalize:
+            logp = log_softmax(logits[slots])  # suppressed tokens, if any, are already -inf in logits
+        else:
+            logp = logits[slots].astype(np.float32) - self._suppressed_lse[slots, None]
+        if state.step < n_forced or (last and self.rules.force_eos_at_limit):
+            # Hugging Face's forced-token processors: every other token -inf, the forced one log-prob 0.
+            keep = job.forced[state.step] if state.step < n_forced else self.eos_id
+            logp = np.full_like(logp, -np.inf)
+            logp[:, keep] = 0.0
+        parents, tokens = state.beam.advance(logp, state.step, last)
+        if state.step >= n_forced:
+            self._observe_token(job, now)
         if state.beam.finished:
-            best = state.beam.best(job.params.num_hypotheses)
+            best = [dataclasses.replace(h, tokens=h.tokens[n_forced:])
+                    for h in state.beam.best(job.params.num_hypotheses)]
             if job.stream:
                 job.sink(TokenEvent(best[0].tokens))
             reason = FinishReason.EOS if best[0].finished_by_eos else FinishReason.LENGTH

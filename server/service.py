@@ -171,7 +171,16 @@ class TranslatorService(pb_grpc.TranslatorServicer):
             self.metrics.requests.labels(rpc, code.name).inc()
             self.metrics.request_latency.labels(rpc).observe(time.perf_counter() - t0)
 
-    def _model(self, name: str) -> HostedModel:
+    def _model(self, name: str, source_language: str = "", target_language: str = "") -> HostedModel:
+        """The named model; with no name, the default one, or the first serving the languages asked for."""
+        if not name and (source_language or target_language):
+            order = [self.default] + sorted(n for n in self.models if n != self.default)
+            for candidate in order:
+                if self.models[candidate].serves(source_language, target_language):
+                    return self.models[candidate]
+            served = "; ".join(f"{n}: {m.describe_languages()}" for n, m in sorted(self.models.items()))
+            raise InvalidArgument(f"no loaded model translates {shown(source_language or '*')}->"
+                                  f"{shown(target_language or '*')}; served: {served}")
         model = self.models.get(name or self.default)
         if model is None:
             raise NotFound(f"unknown model {shown(name)}; loaded: {sorted(self.models)}")
@@ -197,11 +206,12 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         return await self._guard("Translate", request, context, lambda: self._translate(request, context))
 
     async def _translate(self, request: pb.TranslateRequest, context) -> pb.TranslateResponse:
-        model = self._model(request.model)
+        model = self._model(request.model, request.source_language, request.target_language)
         texts = self._texts(request.texts)
         futures, sinks = _futures(len(texts))
         jobs = await self._off_loop(model.jobs, texts, decoding_params(request.options), sinks,
-                                    deadline_of(context), scores=request.return_scores)
+                                    deadline_of(context), scores=request.return_scores,
+                                    languages=(request.source_language, request.target_language))
         results: list[FinishEvent] = await _run(model, jobs, futures)
         out = pb.TranslateResponse(model=model.name)
         for res in results:
@@ -227,14 +237,15 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         await self._guard("TranslateStream", request, context, produce)
 
     async def _stream(self, request: pb.TranslateStreamRequest, context) -> AsyncIterator:
-        model = self._model(request.model)
+        model = self._model(request.model, request.source_language, request.target_language)
         params = decoding_params(request.options)
         if params.num_hypotheses != 1:
             raise InvalidArgument("streaming returns one hypothesis: num_hypotheses must be 0 or 1")
         events: asyncio.Queue = asyncio.Queue()
         relay = relay_for(asyncio.get_running_loop())
         (job,) = await self._off_loop(model.jobs, self._texts([request.text] if request.text else []), params,
-                                      relay.sink(events.put_nowait), deadline_of(context), stream=True)
+                                      relay.sink(events.put_nowait), deadline_of(context), stream=True,
+                                      languages=(request.source_language, request.target_language))
         model.scheduler.submit([job])
         detok = IncrementalDetokenizer(model.tok)
         finished = False

@@ -110,7 +110,7 @@ def _inplace_steps(model: OnnxModel, cross_k: np.ndarray, cross_v: np.ndarray, s
     b, src_len = src_mask.shape
     cache = SlotCache(model.spec, b, src_len, max_len)
     rows = [cache.allocate(cross_k[:, i], cross_v[:, i], src_mask[i], 1, model.spec.bos_id)[0] for i in range(b)]
-    runner = InPlaceStep(model.inplace, cache, model.spec.vocab_size)
+    runner = InPlaceStep(model.inplace, cache, model.spec.out_vocab_size)
 
     def step(tokens: np.ndarray) -> np.ndarray:
         for row, tok in zip(rows, tokens.tolist()):

@@ -62,11 +62,17 @@ def test_dockerfiles_copy_real_paths_and_agree_with_the_server(dockerfile, compo
 
 
 def test_serving_runtime_imports_no_torch():
-    code = ("import sys, server.__main__, server.app, client.__main__; "
-            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'models'))))")
+    code = ("import sys, server.__main__, server.app, client.__main__, models.sentencepiece_tokenizer; "
+            "print(sorted(m for m in sys.modules if m in ('torch', 'transformers') "
+            "or m.startswith(('torch.', 'transformers.', 'models'))))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    # Exactly the torch-free model modules the Dockerfiles copy.
-    assert out.stdout.strip() == "['models', 'models.config', 'models.data', 'models.tokenizer']"
+    # Exactly the torch-free model modules the Dockerfiles copy (the SentencePiece tokenizer is
+    # loaded when an imported model is served); never torch or transformers.
+    assert out.stdout.strip() == \
+        "['models', 'models.config', 'models.data', 'models.sentencepiece_tokenizer', 'models.tokenizer']"
+    for dockerfile in ("Dockerfile", "Dockerfile.gpu"):
+        copied = (ROOT / dockerfile).read_text()
+        assert "models/sentencepiece_tokenizer.py" in copied and "models/tokenizer.py" in copied
 
 
 def test_generated_grpc_code_is_current(tmp_path):

@@ -99,8 +99,8 @@ def test_long_text_refused_before_tokenisation(server, client, monkeypatch):
 def test_tokenisation_runs_off_the_event_loop(server, client, monkeypatch):
     model = server.app.models[MODEL]
     threads, inner = [], model.encode_texts
-    monkeypatch.setattr(model, "encode_texts", lambda texts: threads.append(threading.current_thread()) or
-                        inner(texts))
+    monkeypatch.setattr(model, "encode_texts", lambda *args: threads.append(threading.current_thread()) or
+                        inner(*args))
     client.translate(["A dog runs."])
     client.embed(["A dog runs."])
     assert len(threads) == 2

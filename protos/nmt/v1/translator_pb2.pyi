@@ -39,18 +39,22 @@ class DecodingOptions(_message.Message):
     def __init__(self, beam_size: _Optional[int] = ..., length_penalty: _Optional[float] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., max_output_tokens: _Optional[int] = ..., num_hypotheses: _Optional[int] = ...) -> None: ...
 
 class TranslateRequest(_message.Message):
-    __slots__ = ("model", "texts", "options", "return_scores", "return_tokens")
+    __slots__ = ("model", "texts", "options", "return_scores", "return_tokens", "source_language", "target_language")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TEXTS_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     RETURN_SCORES_FIELD_NUMBER: _ClassVar[int]
     RETURN_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
     model: str
     texts: _containers.RepeatedScalarFieldContainer[str]
     options: DecodingOptions
     return_scores: bool
     return_tokens: bool
-    def __init__(self, model: _Optional[str] = ..., texts: _Optional[_Iterable[str]] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., return_scores: _Optional[bool] = ..., return_tokens: _Optional[bool] = ...) -> None: ...
+    source_language: str
+    target_language: str
+    def __init__(self, model: _Optional[str] = ..., texts: _Optional[_Iterable[str]] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., return_scores: _Optional[bool] = ..., return_tokens: _Optional[bool] = ..., source_language: _Optional[str] = ..., target_language: _Optional[str] = ...) -> None: ...
 
 class Timings(_message.Message):
     __slots__ = ("queue_seconds", "first_token_seconds", "total_seconds")
@@ -97,14 +101,18 @@ class TranslateResponse(_message.Message):
     def __init__(self, model: _Optional[str] = ..., translations: _Optional[_Iterable[_Union[Translation, _Mapping]]] = ...) -> None: ...
 
 class TranslateStreamRequest(_message.Message):
-    __slots__ = ("model", "text", "options")
+    __slots__ = ("model", "text", "options", "source_language", "target_language")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
     model: str
     text: str
     options: DecodingOptions
-    def __init__(self, model: _Optional[str] = ..., text: _Optional[str] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ...) -> None: ...
+    source_language: str
+    target_language: str
+    def __init__(self, model: _Optional[str] = ..., text: _Optional[str] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., source_language: _Optional[str] = ..., target_language: _Optional[str] = ...) -> None: ...
 
 class TranslateStreamResponse(_message.Message):
     __slots__ = ("delta", "token_ids", "final", "finish_reason", "input_tokens", "output_tokens", "timings", "model")
@@ -159,7 +167,7 @@ class ListModelsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "version", "source_language", "target_language", "is_default", "max_source_tokens", "max_output_tokens", "max_texts_per_request", "max_beam_size", "variant", "provider", "vocab_size", "embedding_dimension")
+    __slots__ = ("name", "version", "source_language", "target_language", "is_default", "max_source_tokens", "max_output_tokens", "max_texts_per_request", "max_beam_size", "variant", "provider", "vocab_size", "embedding_dimension", "language_pairs")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SOURCE_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
@@ -173,6 +181,7 @@ class ModelInfo(_message.Message):
     PROVIDER_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     EMBEDDING_DIMENSION_FIELD_NUMBER: _ClassVar[int]
+    LANGUAGE_PAIRS_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: int
     source_language: str
@@ -186,7 +195,16 @@ class ModelInfo(_message.Message):
     provider: str
     vocab_size: int
     embedding_dimension: int
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., source_language: _Optional[str] = ..., target_language: _Optional[str] = ..., is_default: _Optional[bool] = ..., max_source_tokens: _Optional[int] = ..., max_output_tokens: _Optional[int] = ..., max_texts_per_request: _Optional[int] = ..., max_beam_size: _Optional[int] = ..., variant: _Optional[str] = ..., provider: _Optional[str] = ..., vocab_size: _Optional[int] = ..., embedding_dimension: _Optional[int] = ...) -> None: ...
+    language_pairs: _containers.RepeatedCompositeFieldContainer[LanguagePair]
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., source_language: _Optional[str] = ..., target_language: _Optional[str] = ..., is_default: _Optional[bool] = ..., max_source_tokens: _Optional[int] = ..., max_output_tokens: _Optional[int] = ..., max_texts_per_request: _Optional[int] = ..., max_beam_size: _Optional[int] = ..., variant: _Optional[str] = ..., provider: _Optional[str] = ..., vocab_size: _Optional[int] = ..., embedding_dimension: _Optional[int] = ..., language_pairs: _Optional[_Iterable[_Union[LanguagePair, _Mapping]]] = ...) -> None: ...
+
+class LanguagePair(_message.Message):
+    __slots__ = ("source_language", "target_language")
+    SOURCE_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    source_language: str
+    target_language: str
+    def __init__(self, source_language: _Optional[str] = ..., target_language: _Optional[str] = ...) -> None: ...
 
 class ListModelsResponse(_message.Message):
     __slots__ = ("models", "default_model")

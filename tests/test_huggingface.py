@@ -1,0 +1,222 @@
+"""Hugging Face import (export/huggingface.py): real Marian and M2M100 checkpoints built here, exported,
+served, and compared token for token with transformers itself."""
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+
+import grpc
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("sentencepiece")
+
+import hf_models  # noqa: E402
+from serving import ServerThread  # noqa: E402
+
+from export.__main__ import main as export_main  # noqa: E402
+from models.tokenizer import load_tokenizer  # noqa: E402
+from server.bundle import load_bundle  # noqa: E402
+
+AWKWARD = [
+    "A man is riding a bike.",
+    "  Extra   spaces\tand\ttabs  ",
+    "Unknown characters: ☃ § ¿ ñ ß Ω",
+    "Emoji 😀🚲 and CJK 漢字かな 한국어",
+    "Numbers 3.14, 1,000 and e-mail a.b@example.com",
+    ">>yy<< Language code at the start.",
+    "A >>xx<< code in the middle.",
+    "Ünïcödé ǅ ﬁ ligature ①",
+]
+N_SENTENCES = 60
+MAX_NEW = 14
+
+
+@pytest.fixture(scope="module")
+def hf_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf")
+    return {"marian": hf_models.build_marian(root / "marian"), "m2m": hf_models.build_m2m100(root / "m2m")}
+
+
+@pytest.fixture(scope="module")
+def repo(hf_dirs, tmp_path_factory):
+    out = tmp_path_factory.mktemp("repo")
+    assert export_main(["--from-huggingface", str(hf_dirs["marian"]), "--out", str(out), "--name", "marian"]) == 0
+    assert export_main(["--from-huggingface", str(hf_dirs["m2m"]), "--out", str(out), "--name", "m2m",
+                        "--src-lang", "en", "--tgt-lang", "de"]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(hf_dirs):
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+    return {k: (AutoTokenizer.from_pretrained(str(d)), AutoModelForSeq2SeqLM.from_pretrained(str(d)).eval())
+            for k, d in hf_dirs.items()}
+
+
+def ours(repo, name):
+    bundle = load_bundle(repo / name / "1")
+    return bundle, load_tokenizer(bundle.tokenizer_entry, bundle.path)
+
+
+def test_bundle_records_the_model_family_rules(repo):
+    marian, _ = ours(repo, "marian")
+    assert marian.config["model"]["pre_norm"] is False and marian.config["model"]["activation"] == "swish"
+    assert marian.config["model"]["output_bias"] and marian.spec.suppress_ids == (marian.spec.pad_id,)
+    assert marian.config["model"]["bos_id"] == marian.spec.pad_id  # Marian starts decoding from its pad id
+    assert marian.languages.target_rule == "source_prefix" and set(marian.languages.targets) == {"xx", "yy"}
+    assert marian.config["generation"]["force_eos_at_limit"] and marian.config["generation"]["renormalize"]
+    m2m, _ = ours(repo, "m2m")
+    assert m2m.config["model"]["pre_norm"] and m2m.config["model"]["final_norms"]
+    assert m2m.config["model"]["position_offset"] == 2 and m2m.config["model"]["position_freq_shift"] == 1
+    assert m2m.languages.target_rule == "forced_bos" and ("en", "fr") in m2m.languages.pairs
+
+
+def test_tokenizer_ids_equal_transformers(repo, reference):
+    tok_ref, _ = reference["marian"]
+    _, tok = ours(repo, "marian")
+    for text in AWKWARD:
+        assert tok.encode(text) == tok_ref(text)["input_ids"], text
+    m2m_ref, _ = reference["m2m"]
+    m2m, m2m_tok = ours(repo, "m2m")
+    for lang in ("en", "de", "fr"):
+        m2m_ref.src_lang = lang
+        for text in AWKWARD:
+            assert [m2m.languages.source_tokens[lang]] + m2m_tok.encode(text) == m2m_ref(text)["input_ids"], text
+    m2m_ref.src_lang = "en"
+
+
+def test_decoding_ids_to_text_equals_transformers(repo, reference):
+    for name in ("marian", "m2m"):
+        tok_ref, _ = reference[name]
+        _, tok = ours(repo, name)
+        for text in AWKWARD + hf_models.test_sentences(10):
+            ids = tok_ref(text)["input_ids"]
+            assert tok.decode(ids) == tok_ref.decode(ids, skip_special_tokens=True), (name, text)
+
+
+@torch.no_grad()
+def test_logits_equal_transformers_on_a_padded_ragged_batch(hf_dirs, reference):
+    from export.huggingface import import_checkpoint, reference_parity
+    for name, src in (("marian", None), ("m2m", "en")):
+        imported = import_checkpoint(str(hf_dirs[name]), src, "de" if src else None)
+        # The checkpoint's tokenizer files carry the names the bundle gives them.
+        tok = load_tokenizer(imported.tokenizer_entry, imported.hf_dir)
+        diff, problems = reference_parity(imported, reference[name][1], tok, hf_models.test_sentences(12), steps=9)
+        assert problems == [] and diff <= 1e-4, (name, diff)
+
+
+def _generate(reference, name: str, texts: list[str], lang: str, beams: int) -> list[list[int]]:
+    """model.generate as its users call it; the outputs stripped to the translation's token ids."""
+    tok, model = reference[name]
+    if name == "marian":
+        batch = tok([f">>{lang}<< {t}" for t in texts], return_tensors="pt", padding=True)
+        kwargs, skip = {"max_new_tokens": MAX_NEW}, 1
+    else:
+        tok.src_lang = "en"
+        batch = tok(texts, return_tensors="pt", padding=True)
+        kwargs, skip = {"max_new_tokens": MAX_NEW + 1, "forced_bos_token_id": tok.get_lang_id(lang)}, 2
+    with torch.no_grad():
+        out = model.generate(**batch, num_beams=beams, length_penalty=1.0, early_stopping=True, do_sample=False,
+                             **kwargs)
+    eos = model.config.eos_token_id
+    rows = []
+    for seq in out.tolist():
+        seq = seq[skip:]
+        rows.append(seq[:seq.index(eos)] if eos in seq else seq)
+    return rows
+
+
+def test_server_output_equals_generate_greedy_and_beam_in_a_shared_batch(repo, reference):
+    from client import TranslatorClient
+    texts = hf_models.test_sentences(N_SENTENCES)
+    srv = ServerThread(model_repository=str(repo), default_model="marian", warmup=False).start()
+    try:
+        with TranslatorClient(srv.target, timeout=300, retries=0) as client:
+            stop = threading.Event()
+
+            def other_traffic():  # keeps the other model's engine (and its batch) busy meanwhile
+                while not stop.is_set():
+                    list(client.translate_stream(texts[0], model="m2m", target_language="fr"))
+            side = threading.Thread(target=other_traffic, daemon=True)
+            side.start()
+            try:
+                for name, lang in (("marian", "xx"), ("m2m", "de"), ("m2m", "fr")):
+                    for beams in (1, 4):
+                        got = client.translate(texts, model=name, target_language=lang, return_tokens=True,
+                                               beam_size=beams, max_output_tokens=MAX_NEW)
+                        ours_ids = [list(t.hypotheses[0].token_ids) for t in got.translations]
+                        want = _generate(reference, name, texts, lang, beams)
+                        same = sum(a == b for a, b in zip(ours_ids, want))
+                        assert same == len(texts), (name, lang, beams, same,
+                                                    next((a, b) for a, b in zip(ours_ids, want) if a != b))
+                        tok_ref = reference[name][0]
+                        assert [t.hypotheses[0].text for t in got.translations] == \
+                            [tok_ref.decode(ids, skip_special_tokens=True) for ids in want]
+            finally:
+                stop.set()
+                side.join(60)
+            assert srv.metric("nmt_decode_batch_size_sum", model="m2m") > \
+                srv.metric("nmt_decode_batch_size_count", model="m2m")  # rows did share steps
+    finally:
+        srv.stop()
+
+
+def test_languages_route_requests_and_unknown_pairs_are_refused(repo):
+    from client import TranslatorClient
+    srv = ServerThread(model_repository=str(repo), default_model="marian", warmup=False).start()
+    try:
+        with TranslatorClient(srv.target, timeout=120, retries=0) as client:
+            models = {m.name: m for m in client.list_models().models}
+            assert {(p.source_language, p.target_language) for p in models["marian"].language_pairs} == \
+                {("en", "xx"), ("en", "yy")}
+            assert len(models["m2m"].language_pairs) == 100 * 99
+            routed = client.translate(["Brown adult cleaning."], source_language="en", target_language="fr")
+            assert routed.model == "m2m"
+            routed = client.translate(["Brown adult cleaning."], target_language="yy")
+            assert routed.model == "marian"
+            with pytest.raises(grpc.RpcError) as e:
+                client.translate(["Hello."], model="m2m", source_language="en", target_language="tlh")
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "'en'->'tlh'" in e.value.details()
+            assert "it serves from 100 languages (af, am," in e.value.details()
+            with pytest.raises(grpc.RpcError) as e:
+                client.translate(["Hello."], source_language="tlh", target_language="en")
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "marian: en->xx, en->yy" in e.value.details()
+            assert client.health() == "SERVING"
+    finally:
+        srv.stop()
+
+
+def _export_problems(capsys, *args) -> str:
+    assert export_main(list(args)) == 1
+    return capsys.readouterr().err
+
+
+def test_import_refuses_with_every_problem_named(hf_dirs, tmp_path, capsys):
+    out = tmp_path / "repo"
+    bad = tmp_path / "bart"
+    shutil.copytree(hf_dirs["marian"], bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**cfg, "model_type": "bart"}))
+    assert "unsupported architecture model_type='bart'" in _export_problems(
+        capsys, "--from-huggingface", str(bad), "--out", str(out))
+
+    (bad / "config.json").write_text(json.dumps({**cfg, "activation_function": "gelu_new", "decoder_ffn_dim": 64}))
+    err = _export_problems(capsys, "--from-huggingface", str(bad), "--out", str(out))
+    assert "activation_function='gelu_new'" in err and "decoder_ffn_dim=64" in err  # both, at once
+
+    (bad / "config.json").write_text(json.dumps({**cfg, "vocab_size": cfg["vocab_size"] + 5}))
+    assert "vocabulary sizes" in _export_problems(capsys, "--from-huggingface", str(bad), "--out", str(out))
+
+    (bad / "config.json").write_text(json.dumps(cfg))
+    (bad / "vocab.json").unlink()
+    assert "tokenizer files missing: vocab.json" in _export_problems(
+        capsys, "--from-huggingface", str(bad), "--out", str(out))
+
+    assert "language 'tlh' is not among" in _export_problems(
+        capsys, "--from-huggingface", str(hf_dirs["m2m"]), "--out", str(out), "--src-lang", "tlh")
+    assert "not a directory with a Hugging Face checkpoint" in _export_problems(
+        capsys, "--from-huggingface", str(tmp_path / "nowhere"), "--out", str(out))
+    assert not out.exists()  # nothing written by any refused import

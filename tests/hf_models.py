@@ -85,34 +85,53 @@ def _batches(examples: list[tuple[list[int], list[int]]], start: int, pad: int, 
     return out
 
 
-def build_marian(out: Path, steps: int = 300, d_model: int = 64) -> Path:
-    """An OPUS-MT-shaped MarianMT checkpoint (post-norm, swish, scaled embeddings, pad = decoder start)."""
+def _marian_vocab(pieces: list[str], pad_last: bool, codes: tuple[str, ...] = ()) -> dict[str, int]:
+    """OPUS-MT's layout: </s> 0, <unk> 1, pieces, >>codes<<, <pad> last; or <pad> at 2 (separate vocabularies
+    must keep the special tokens at the same ids on both sides)."""
+    vocab = {"</s>": 0, "<unk>": 1} if pad_last else {"</s>": 0, "<unk>": 1, "<pad>": 2}
+    for p in pieces:
+        vocab.setdefault(p, len(vocab))
+    for code in codes:
+        vocab[f">>{code}<<"] = len(vocab)
+    vocab.setdefault("<pad>", len(vocab))
+    return vocab
+
+
+def build_marian(out: Path, steps: int = 300, d_model: int = 64, separate_vocabs: bool = False) -> Path:
+    """An OPUS-MT-shaped MarianMT checkpoint (post-norm, swish, scaled embeddings, pad = decoder start);
+    multi-target (>>xx<< / >>yy<<) with a joint vocabulary, or one target with separate vocabularies."""
     from transformers import MarianConfig, MarianMTModel, MarianTokenizer
 
     rng = random.Random(0)
     pairs = _pairs(1500, rng)
     work = out / "_spm"
     work.mkdir(parents=True, exist_ok=True)
-    spm_model = train_spm(work / "joint", [s for p in pairs for s in p] + CAPTIONS.read_text().splitlines(), 400)
-    pieces = _pieces(spm_model)
-    vocab = {"</s>": 0, "<unk>": 1}
-    for p in pieces:
-        vocab.setdefault(p, len(vocab))
-    # Multi-target, like opus-mt-en-ROMANCE: the source text starts with the target's >>code<<.
-    vocab[">>xx<<"], vocab[">>yy<<"] = len(vocab), len(vocab) + 1
-    vocab["<pad>"] = len(vocab)
+    captions = CAPTIONS.read_text().splitlines()
+    if separate_vocabs:
+        src_spm = train_spm(work / "source", [s for s, _ in pairs] + captions, 300)
+        tgt_spm = train_spm(work / "target", [t for _, t in pairs], 140)
+        vocab, target_vocab = _marian_vocab(_pieces(src_spm), False), _marian_vocab(_pieces(tgt_spm), False)
+        (work / "target_vocab.json").write_text(json.dumps(target_vocab, ensure_ascii=False))
+        codes, prefix = (), ""
+    else:
+        src_spm = tgt_spm = train_spm(work / "joint", [s for p in pairs for s in p] + captions, 400)
+        # Multi-target, like opus-mt-en-ROMANCE: the source text starts with the target's >>code<<.
+        vocab, target_vocab, codes, prefix = None, None, ("xx", "yy"), ">>xx<< "
+        vocab = _marian_vocab(_pieces(src_spm), True, codes)
     (work / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
-    tok = MarianTokenizer(source_spm=str(spm_model), target_spm=str(spm_model), vocab=str(work / "vocab.json"),
-                          source_lang="en", target_lang="xx")
+    tok = MarianTokenizer(source_spm=str(src_spm), target_spm=str(tgt_spm), vocab=str(work / "vocab.json"),
+                          target_vocab_file=str(work / "target_vocab.json") if separate_vocabs else None,
+                          separate_vocabs=separate_vocabs, source_lang="en", target_lang="xx")
     pad = vocab["<pad>"]
-    cfg = MarianConfig(vocab_size=len(vocab), d_model=d_model, encoder_layers=2, decoder_layers=2,
-                       encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
-                       max_position_embeddings=128, pad_token_id=pad, decoder_start_token_id=pad, eos_token_id=0,
-                       forced_eos_token_id=0, activation_function="swish", scale_embedding=True,
-                       share_encoder_decoder_embeddings=True, tie_word_embeddings=True, dropout=0.0)
+    cfg = MarianConfig(vocab_size=len(vocab), decoder_vocab_size=len(target_vocab or vocab), d_model=d_model,
+                       encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+                       encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=128, pad_token_id=pad,
+                       decoder_start_token_id=pad, eos_token_id=0, forced_eos_token_id=0,
+                       activation_function="swish", scale_embedding=True,
+                       share_encoder_decoder_embeddings=not separate_vocabs, tie_word_embeddings=True, dropout=0.0)
     torch.manual_seed(0)
     model = MarianMTModel(cfg)
-    examples = [(tok(">>xx<< " + s)["input_ids"], tok(text_target=t)["input_ids"]) for s, t in pairs]
+    examples = [(tok(prefix + s)["input_ids"], tok(text_target=t)["input_ids"]) for s, t in pairs]
     _train(model, _batches(examples, pad, pad), steps, seed=0)
     with torch.no_grad():
         model.final_logits_bias.copy_(torch.randn_like(model.final_logits_bias) * 0.3)

@@ -37,13 +37,15 @@ MAX_NEW = 14
 @pytest.fixture(scope="module")
 def hf_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf")
-    return {"marian": hf_models.build_marian(root / "marian"), "m2m": hf_models.build_m2m100(root / "m2m")}
+    return {"marian": hf_models.build_marian(root / "marian"), "m2m": hf_models.build_m2m100(root / "m2m"),
+            "sep": hf_models.build_marian(root / "sep", separate_vocabs=True)}
 
 
 @pytest.fixture(scope="module")
 def repo(hf_dirs, tmp_path_factory):
     out = tmp_path_factory.mktemp("repo")
-    assert export_main(["--from-huggingface", str(hf_dirs["marian"]), "--out", str(out), "--name", "marian"]) == 0
+    for name in ("marian", "sep"):
+        assert export_main(["--from-huggingface", str(hf_dirs[name]), "--out", str(out), "--name", name]) == 0
     assert export_main(["--from-huggingface", str(hf_dirs["m2m"]), "--out", str(out), "--name", "m2m",
                         "--src-lang", "en", "--tgt-lang", "de"]) == 0
     return out
@@ -72,13 +74,17 @@ def test_bundle_records_the_model_family_rules(repo):
     assert m2m.config["model"]["pre_norm"] and m2m.config["model"]["final_norms"]
     assert m2m.config["model"]["position_offset"] == 2 and m2m.config["model"]["position_freq_shift"] == 1
     assert m2m.languages.target_rule == "forced_bos" and ("en", "fr") in m2m.languages.pairs
+    sep, _ = ours(repo, "sep")  # separate vocabularies: the target's is smaller, the output is tied to it
+    assert sep.spec.out_vocab_size == sep.config["model"]["tgt_vocab_size"] < sep.spec.vocab_size
+    assert sep.config["tokenizer"]["target_vocab"] == "target_vocab.json"
 
 
 def test_tokenizer_ids_equal_transformers(repo, reference):
-    tok_ref, _ = reference["marian"]
-    _, tok = ours(repo, "marian")
-    for text in AWKWARD:
-        assert tok.encode(text) == tok_ref(text)["input_ids"], text
+    for name in ("marian", "sep"):
+        tok_ref, _ = reference[name]
+        _, tok = ours(repo, name)
+        for text in AWKWARD:
+            assert tok.encode(text) == tok_ref(text)["input_ids"], (name, text)
     m2m_ref, _ = reference["m2m"]
     m2m, m2m_tok = ours(repo, "m2m")
     for lang in ("en", "de", "fr"):
@@ -89,18 +95,18 @@ def test_tokenizer_ids_equal_transformers(repo, reference):
 
 
 def test_decoding_ids_to_text_equals_transformers(repo, reference):
-    for name in ("marian", "m2m"):
+    for name in ("marian", "m2m", "sep"):
         tok_ref, _ = reference[name]
         _, tok = ours(repo, name)
         for text in AWKWARD + hf_models.test_sentences(10):
-            ids = tok_ref(text)["input_ids"]
+            ids = tok_ref(text_target=text)["input_ids"]  # target-side ids: what decoding reads
             assert tok.decode(ids) == tok_ref.decode(ids, skip_special_tokens=True), (name, text)
 
 
 @torch.no_grad()
 def test_logits_equal_transformers_on_a_padded_ragged_batch(hf_dirs, reference):
     from export.huggingface import import_checkpoint, reference_parity
-    for name, src in (("marian", None), ("m2m", "en")):
+    for name, src in (("marian", None), ("m2m", "en"), ("sep", None)):
         imported = import_checkpoint(str(hf_dirs[name]), src, "de" if src else None)
         # The checkpoint's tokenizer files carry the names the bundle gives them.
         tok = load_tokenizer(imported.tokenizer_entry, imported.hf_dir)
@@ -111,8 +117,9 @@ def test_logits_equal_transformers_on_a_padded_ragged_batch(hf_dirs, reference):
 def _generate(reference, name: str, texts: list[str], lang: str, beams: int) -> list[list[int]]:
     """model.generate as its users call it; the outputs stripped to the translation's token ids."""
     tok, model = reference[name]
-    if name == "marian":
-        batch = tok([f">>{lang}<< {t}" for t in texts], return_tensors="pt", padding=True)
+    if name in ("marian", "sep"):
+        prefix = f">>{lang}<< " if name == "marian" else ""  # "sep" has one target language, no codes
+        batch = tok([prefix + t for t in texts], return_tensors="pt", padding=True)
         kwargs, skip = {"max_new_tokens": MAX_NEW}, 1
     else:
         tok.src_lang = "en"
@@ -143,7 +150,7 @@ def test_server_output_equals_generate_greedy_and_beam_in_a_shared_batch(repo, r
             side = threading.Thread(target=other_traffic, daemon=True)
             side.start()
             try:
-                for name, lang in (("marian", "xx"), ("m2m", "de"), ("m2m", "fr")):
+                for name, lang in (("marian", "xx"), ("m2m", "de"), ("m2m", "fr"), ("sep", "xx")):
                     for beams in (1, 4):
                         got = client.translate(texts, model=name, target_language=lang, return_tokens=True,
                                                beam_size=beams, max_output_tokens=MAX_NEW)

@@ -1,6 +1,7 @@
 """A CTranslate2 gRPC server with request-level batching: the baseline our server must beat.
 
     python -m benchmarks.ct2_server --model DIR --tokenizer tokenizer.json --port 50061 [--threads 2]
+    python -m benchmarks.ct2_server --model DIR --bundle model_repository/NAME/1 ...   # any bundle's tokenizer
 
 Built the way a competent engineer would put CTranslate2 behind the same nmt.v1 API
 in an afternoon: a collector thread takes whatever texts are waiting (up to
@@ -26,7 +27,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from models.config import max_output_len
-from models.tokenizer import SubwordTokenizer
+from models.tokenizer import SubwordTokenizer, load_tokenizer
 from protos.nmt.v1 import translator_pb2 as pb
 from protos.nmt.v1 import translator_pb2_grpc as pb_grpc
 from server.detok import IncrementalDetokenizer
@@ -83,7 +84,7 @@ class Collector(threading.Thread):
                 it.post(("error", str(e)))
             return
         for it, res in zip(items, results):
-            ids = [self.tok.tok.token_to_id(p) for p in res.hypotheses[0]][: it.max_len]
+            ids = [self.tok.token_id(p) for p in res.hypotheses[0]][: it.max_len]
             it.post(("done", ids))
 
 
@@ -151,7 +152,13 @@ async def serve(args) -> None:
     import ctranslate2
     translator = ctranslate2.Translator(args.model, device="cpu", compute_type=args.compute_type,
                                         inter_threads=1, intra_threads=args.threads)
-    tok = SubwordTokenizer.load(args.tokenizer)
+    if args.bundle:
+        import json
+        from pathlib import Path
+        config = json.loads((Path(args.bundle) / "config.json").read_text())
+        tok = load_tokenizer(config.get("tokenizer", "tokenizer.json"), args.bundle)
+    else:
+        tok = SubwordTokenizer.load(args.tokenizer)
     collector = Collector(translator, tok, args.max_batch, args.max_delay_ms / 1000.0)
     collector.start()
     server = grpc.aio.server()
@@ -168,7 +175,9 @@ async def serve(args) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="a CTranslate2 model directory (benchmarks.ct2_convert)")
-    p.add_argument("--tokenizer", required=True, help="the bundle's tokenizer.json")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--tokenizer", help="the bundle's tokenizer.json")
+    source.add_argument("--bundle", help="a bundle version directory: its tokenizer, whatever the kind")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=50061)
     p.add_argument("--threads", type=int, default=2, help="CTranslate2 intra-op threads (the machine's cores)")

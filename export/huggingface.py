@@ -190,9 +190,7 @@ def tokenizer(hf_dir: Path, kind: str, cfg: ModelConfig, src: Optional[str], tgt
         need.append("target_vocab.json")
     missing = [n for n in need if not (hf_dir / n).exists()]
     if tcfg.get("tokenizer_class", "").startswith("Nllb"):
-        problems.append("NLLB's tokenizer (tokenizer.json, fairseq id layout) is not supported yet; "
-                        "M2M100 and Marian tokenizers are")
-        return {}, {}, {}, (src, tgt)
+        return _nllb_tokenizer(hf_dir, tcfg, cfg, src, tgt, problems)
     if missing:
         problems.append(f"tokenizer files missing: {', '.join(missing)}")
         return {}, {}, {}, (src, tgt)
@@ -235,6 +233,40 @@ def tokenizer(hf_dir: Path, kind: str, cfg: ModelConfig, src: Optional[str], tgt
     return files, entry, languages, (src, tgt)
 
 
+def _nllb_tokenizer(hf_dir: Path, tcfg: dict, cfg: ModelConfig, src: Optional[str], tgt: Optional[str],
+                    problems: list[str]) -> tuple[dict[str, Path], dict, dict, tuple[str, str]]:
+    """NLLB-200: its tokenizer.json as is; language codes (eng_Latn, ...) are special tokens of that file."""
+    from tokenizers import Tokenizer
+
+    from models.tokenizer_json import JsonTokenizer
+    if not (hf_dir / "tokenizer.json").exists():
+        problems.append("tokenizer files missing: tokenizer.json (NLLB's tokenizer is that file)")
+        return {}, {}, {}, (src, tgt)
+    tok = Tokenizer.from_file(str(hf_dir / "tokenizer.json"))
+    codes = tcfg.get("extra_special_tokens") or tcfg.get("additional_special_tokens")
+    if not codes:
+        from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES as codes
+    codes = [c if isinstance(c, str) else c.get("content") for c in codes]
+    lang_ids = {c: tok.token_to_id(c) for c in codes}
+    unknown = sorted(c for c, i in lang_ids.items() if i is None)
+    if unknown:
+        problems.append(f"language codes missing from tokenizer.json: {', '.join(unknown[:10])}")
+    for name, piece, want in (("eos", "</s>", cfg.eos_id), ("pad", "<pad>", cfg.pad_id), ("unk", "<unk>", cfg.unk_id)):
+        if tok.token_to_id(piece) != want:
+            problems.append(f"tokenizer.json gives {name} id {tok.token_to_id(piece)}, the model config {want}")
+    if tok.get_vocab_size() > cfg.vocab_size:
+        problems.append(f"tokenizer.json has {tok.get_vocab_size()} tokens, more than the model's {cfg.vocab_size}")
+    for code in (src, tgt):
+        if code and code not in lang_ids:
+            problems.append(f"language {code!r} is not among the model's {len(lang_ids)} language codes")
+    lang_ids = {c: i for c, i in lang_ids.items() if i is not None}
+    entry = JsonTokenizer.entry("tokenizer.json", eos_id=cfg.eos_id, pad_id=cfg.pad_id, unk_id=cfg.unk_id,
+                                skip_ids=sorted(lang_ids.values()))
+    languages = {"pairs": [[s, t] for s in lang_ids for t in lang_ids if s != t], "source_tokens": lang_ids,
+                 "target_tokens": lang_ids, "target_rule": "forced_bos"}
+    return {"tokenizer.json": hf_dir / "tokenizer.json"}, entry, languages, (src, tgt)
+
+
 def generation_rules(hf_dir: Path, cfg: ModelConfig, problems: list[str]) -> tuple[tuple[int, ...], dict]:
     """generation_config.json -> (suppressed ids, the bundle's generation section)."""
     gen = _read_json(hf_dir / "generation_config.json") or _read_json(hf_dir / "config.json")
@@ -247,7 +279,11 @@ def generation_rules(hf_dir: Path, cfg: ModelConfig, problems: list[str]) -> tup
     forced_eos = gen.get("forced_eos_token_id")
     if forced_eos not in (None, cfg.eos_id):
         problems.append(f"forced_eos_token_id={forced_eos} is not the EOS id {cfg.eos_id}")
+    early = gen.get("early_stopping", False)  # transformers' default
+    if early not in (True, False):
+        problems.append(f"early_stopping={early!r} is not supported (true or false)")
     section = {"force_eos_at_limit": forced_eos is not None, "renormalize": bool(gen.get("renormalize_logits")),
+               "early_stopping": early is True,
                "defaults": {k: gen[k] for k in ("num_beams", "length_penalty", "max_length", "early_stopping")
                             if k in gen}}
     return tuple(sorted(suppress)), section

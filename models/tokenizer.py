@@ -77,6 +77,9 @@ class SubwordTokenizer:
     def piece(self, token_id: int) -> str:
         return self._pieces[token_id]
 
+    def token_id(self, piece: str):
+        return self.tok.token_to_id(piece)
+
     def decode(self, ids: Iterable[int]) -> str:
         """Ids -> text; special tokens are dropped, "▁" becomes a space between words."""
         pieces = [self._pieces[i] for i in ids if i >= len(SPECIAL_TOKENS) or i == self.unk_id]
@@ -94,12 +97,16 @@ class SubwordTokenizer:
 
 
 def load_tokenizer(entry: str | dict, folder: str | Path):
-    """The tokenizer a bundle's config.json names: a tokenizer.json file (this repo's models) or a
-    `{"kind": "sentencepiece", ...}` section (imported Hugging Face models)."""
+    """The tokenizer a bundle's config.json names: a tokenizer.json file (this repo's models), or a
+    section for an imported Hugging Face model: `{"kind": "sentencepiece", ...}` (Marian, M2M100) or
+    `{"kind": "tokenizer.json", ...}` (NLLB: its own tokenizer.json and special ids)."""
     folder = Path(folder)
     if isinstance(entry, str):
         return SubwordTokenizer.load(folder / entry)
     if entry.get("kind") == "sentencepiece":
         from models.sentencepiece_tokenizer import SentencePieceTokenizer
         return SentencePieceTokenizer.from_entry(entry, folder)
+    if entry.get("kind") == "tokenizer.json":
+        from models.tokenizer_json import JsonTokenizer
+        return JsonTokenizer.from_entry(entry, folder)
     raise ValueError(f"unknown tokenizer kind {entry.get('kind')!r}")

@@ -6,7 +6,11 @@ log-probabilities; the state answers which parent row each surviving beam
 continues and with which token. The rules match models/search.py exactly:
 rank the top 2K continuations; an EOS among the first K finishes a
 hypothesis; the best K non-EOS continuations live on; the sentence is done
-with K finished hypotheses or at its length limit.
+with K finished hypotheses or at its length limit. That is Hugging Face's
+`early_stopping=True`; with `early_stopping=False` (its default, which
+imported models keep) the search goes on after K hypotheses while the best
+live beam, scored as if it ended now, could still beat the worst of them, and
+better ones replace worse ones (transformers' `_beam_search` rules).
 """
 from __future__ import annotations
 
@@ -39,6 +43,7 @@ class BeamState:
     beam: int
     eos_id: int
     alpha: float = 1.0
+    early_stopping: bool = True
     scores: np.ndarray = field(init=False)  # (K,) cumulative log-prob of live beams
     history: list[list[int]] = field(init=False)  # (K, t) tokens of live beams
     done: list[Hypothesis] = field(default_factory=list)
@@ -69,7 +74,7 @@ class BeamState:
                 break
             parent, tok = divmod(idx, vocab)
             if tok == self.eos_id or last:
-                if rank < k and len(self.done) < k:
+                if rank < k and (len(self.done) < k or not self.early_stopping):
                     eos = tok == self.eos_id
                     seq = self.history[parent] + ([] if eos else [tok])
                     self.done.append(Hypothesis(seq, sc / max(step + 1, 1) ** self.alpha, eos))
@@ -77,7 +82,10 @@ class BeamState:
             if filled < k:
                 next_scores[filled], parents[filled], tokens[filled] = sc, parent, tok
                 filled += 1
-        if len(self.done) >= k or last:
+        if len(self.done) > k:  # early_stopping=False: the best K so far
+            self.done = sorted(self.done, key=lambda h: -h.score)[:k]
+        if last or (len(self.done) >= k and (self.early_stopping or next_scores[0] == -np.inf or float(
+                next_scores[0]) / (step + 1) ** self.alpha <= min(h.score for h in self.done))):
             self.finished = True
         self.history = [self.history[p] + [int(t)] for p, t in zip(parents.tolist(), tokens.tolist())]
         self.scores = next_scores

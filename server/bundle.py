@@ -144,8 +144,11 @@ def load_bundle(path: str | Path) -> Bundle:
         tok_files = [entry]
     elif entry.get("kind") == "sentencepiece":
         tok_files = [entry[k] for k in ("source_model", "target_model", "vocab", "target_vocab") if entry.get(k)]
+    elif entry.get("kind") == "tokenizer.json":
+        tok_files = [entry["file"]]
     else:
-        problems.append(f"unknown tokenizer kind {entry.get('kind')!r} (known: a tokenizer.json, sentencepiece)")
+        problems.append(f"unknown tokenizer kind {entry.get('kind')!r} "
+                        "(known: a tokenizer.json name, sentencepiece, tokenizer.json)")
         tok_files = []
     for name in tok_files:
         if not (path / name).exists():

@@ -37,7 +37,8 @@ class HostedModel:
         self.cache = SlotCache(spec, cfg.max_batch_size, self.max_source, self.max_output + 1)
         generation = bundle.config.get("generation", {})
         rules = GenerationRules(spec.eos_id, spec.suppress_ids, bool(generation.get("force_eos_at_limit", False)),
-                                bool(generation.get("renormalize", False)))
+                                bool(generation.get("renormalize", False)),
+                                bool(generation.get("early_stopping", True)))
         self.scheduler = Scheduler(self.name, self.cache, metrics, spec.eos_id,
                                    max_queue=cfg.max_queue_size, max_encode_tokens=cfg.max_batch_tokens,
                                    max_encode_batch=cfg.max_batch_size, stream_interval=cfg.stream_interval,

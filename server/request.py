@@ -54,6 +54,9 @@ class GenerationRules:
     # Beam log-probs renormalised after suppression (Hugging Face's renormalize_logits, set by OPUS-MT);
     # otherwise suppressed tokens are cut from log_softmax over the whole vocabulary.
     renormalize: bool = False
+    # Beam search ends with K finished hypotheses (True), or goes on while a live beam could still
+    # beat them (False: Hugging Face's default, kept by imported models; see server/beam.py).
+    early_stopping: bool = True
 
 
 @dataclass

@@ -145,7 +145,7 @@ class Scheduler:
         p = job.params
         state = Running(job, rows)
         if p.beam_size > 1:
-            state.beam = BeamState(p.beam_size, self.eos_id, p.length_penalty)
+            state.beam = BeamState(p.beam_size, self.eos_id, p.length_penalty, self.rules.early_stopping)
         else:
             n = len(rows)
             state.tokens, state.logprob = [[] for _ in range(n)], [0.0] * n

@@ -182,6 +182,45 @@ def build_m2m100(out: Path, steps: int = 300, d_model: int = 64) -> Path:
     return out
 
 
+NLLB_LANGS = ("eng_Latn", "deu_Latn", "fra_Latn")
+
+
+def build_nllb(out: Path, steps: int = 300, d_model: int = 64) -> Path:
+    """An NLLB-shaped checkpoint: the M2M100 architecture with NLLB's tokenizer (a tokenizer.json BPE,
+    <s> 0 <pad> 1 </s> 2 <unk> 3, language codes such as deu_Latn as special tokens after the vocabulary)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import M2M100Config, M2M100ForConditionalGeneration, NllbTokenizer
+
+    rng = random.Random(3)
+    de, fr = _pairs(1000, rng, "reverse"), _pairs(1000, rng, "keep")
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)
+    bpe.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)
+    bpe.train_from_iterator([s for p in de + fr for s in p] + CAPTIONS.read_text().splitlines(),
+                            trainers.BpeTrainer(vocab_size=400, special_tokens=["<s>", "<pad>", "</s>", "<unk>"],
+                                                show_progress=False))
+    spec = json.loads(bpe.to_str())["model"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in spec["merges"]]
+    tok = NllbTokenizer(vocab=spec["vocab"], merges=merges, extra_special_tokens=list(NLLB_LANGS),
+                        src_lang="eng_Latn", tgt_lang="deu_Latn")
+    cfg = M2M100Config(vocab_size=len(tok) + 1, d_model=d_model, encoder_layers=2, decoder_layers=2,
+                       encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+                       decoder_ffn_dim=128, max_position_embeddings=128, dropout=0.0, attention_dropout=0.0,
+                       encoder_layerdrop=0.0, decoder_layerdrop=0.0, scale_embedding=True)
+    torch.manual_seed(3)
+    model = M2M100ForConditionalGeneration(cfg)
+    examples = []
+    for lang, pairs in (("deu_Latn", de), ("fra_Latn", fr)):
+        tok.tgt_lang = lang
+        examples += [(tok(s)["input_ids"], tok(text_target=t)["input_ids"]) for s, t in pairs]
+    random.Random(4).shuffle(examples)
+    _train(model, _batches(examples, cfg.decoder_start_token_id, cfg.pad_token_id), steps, seed=3)
+    tok.tgt_lang = "deu_Latn"
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
 def test_sentences(n: int, seed: int = 5) -> list[str]:
     """Held-out inputs of the trained task (plus a few awkward ones)."""
     return [s for s, _ in _pairs(n, random.Random(seed))]

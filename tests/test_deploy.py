@@ -72,7 +72,8 @@ def test_serving_runtime_imports_no_torch():
         "['models', 'models.config', 'models.data', 'models.sentencepiece_tokenizer', 'models.tokenizer']"
     for dockerfile in ("Dockerfile", "Dockerfile.gpu"):
         copied = (ROOT / dockerfile).read_text()
-        assert "models/sentencepiece_tokenizer.py" in copied and "models/tokenizer.py" in copied
+        for module in ("tokenizer", "sentencepiece_tokenizer", "tokenizer_json"):
+            assert f"models/{module}.py" in copied
 
 
 def test_generated_grpc_code_is_current(tmp_path):

@@ -38,7 +38,8 @@ MAX_NEW = 14
 def hf_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf")
     return {"marian": hf_models.build_marian(root / "marian"), "m2m": hf_models.build_m2m100(root / "m2m"),
-            "sep": hf_models.build_marian(root / "sep", separate_vocabs=True)}
+            "sep": hf_models.build_marian(root / "sep", separate_vocabs=True),
+            "nllb": hf_models.build_nllb(root / "nllb")}
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +49,8 @@ def repo(hf_dirs, tmp_path_factory):
         assert export_main(["--from-huggingface", str(hf_dirs[name]), "--out", str(out), "--name", name]) == 0
     assert export_main(["--from-huggingface", str(hf_dirs["m2m"]), "--out", str(out), "--name", "m2m",
                         "--src-lang", "en", "--tgt-lang", "de"]) == 0
+    assert export_main(["--from-huggingface", str(hf_dirs["nllb"]), "--out", str(out), "--name", "nllb",
+                        "--src-lang", "eng_Latn", "--tgt-lang", "deu_Latn"]) == 0
     return out
 
 
@@ -74,6 +77,9 @@ def test_bundle_records_the_model_family_rules(repo):
     assert m2m.config["model"]["pre_norm"] and m2m.config["model"]["final_norms"]
     assert m2m.config["model"]["position_offset"] == 2 and m2m.config["model"]["position_freq_shift"] == 1
     assert m2m.languages.target_rule == "forced_bos" and ("en", "fr") in m2m.languages.pairs
+    nllb, _ = ours(repo, "nllb")  # its own tokenizer.json, language codes as special tokens
+    assert nllb.config["tokenizer"]["kind"] == "tokenizer.json" and nllb.languages.target_rule == "forced_bos"
+    assert set(nllb.languages.sources) == set(hf_models.NLLB_LANGS)
     sep, _ = ours(repo, "sep")  # separate vocabularies: the target's is smaller, the output is tied to it
     assert sep.spec.out_vocab_size == sep.config["model"]["tgt_vocab_size"] < sep.spec.vocab_size
     assert sep.config["tokenizer"]["target_vocab"] == "target_vocab.json"
@@ -92,10 +98,17 @@ def test_tokenizer_ids_equal_transformers(repo, reference):
         for text in AWKWARD:
             assert [m2m.languages.source_tokens[lang]] + m2m_tok.encode(text) == m2m_ref(text)["input_ids"], text
     m2m_ref.src_lang = "en"
+    nllb_ref, _ = reference["nllb"]
+    nllb, nllb_tok = ours(repo, "nllb")
+    for lang in hf_models.NLLB_LANGS:
+        nllb_ref.src_lang = lang
+        for text in AWKWARD:
+            assert [nllb.languages.source_tokens[lang]] + nllb_tok.encode(text) == nllb_ref(text)["input_ids"], text
+    nllb_ref.src_lang = "eng_Latn"
 
 
 def test_decoding_ids_to_text_equals_transformers(repo, reference):
-    for name in ("marian", "m2m", "sep"):
+    for name in ("marian", "m2m", "sep", "nllb"):
         tok_ref, _ = reference[name]
         _, tok = ours(repo, name)
         for text in AWKWARD + hf_models.test_sentences(10):
@@ -106,8 +119,9 @@ def test_decoding_ids_to_text_equals_transformers(repo, reference):
 @torch.no_grad()
 def test_logits_equal_transformers_on_a_padded_ragged_batch(hf_dirs, reference):
     from export.huggingface import import_checkpoint, reference_parity
-    for name, src in (("marian", None), ("m2m", "en"), ("sep", None)):
-        imported = import_checkpoint(str(hf_dirs[name]), src, "de" if src else None)
+    for name, src, tgt in (("marian", None, None), ("m2m", "en", "de"), ("sep", None, None),
+                           ("nllb", "eng_Latn", "deu_Latn")):
+        imported = import_checkpoint(str(hf_dirs[name]), src, tgt)
         # The checkpoint's tokenizer files carry the names the bundle gives them.
         tok = load_tokenizer(imported.tokenizer_entry, imported.hf_dir)
         diff, problems = reference_parity(imported, reference[name][1], tok, hf_models.test_sentences(12), steps=9)
@@ -122,12 +136,13 @@ def _generate(reference, name: str, texts: list[str], lang: str, beams: int) -> 
         batch = tok([prefix + t for t in texts], return_tensors="pt", padding=True)
         kwargs, skip = {"max_new_tokens": MAX_NEW}, 1
     else:
-        tok.src_lang = "en"
+        tok.src_lang = "en" if name == "m2m" else "eng_Latn"
         batch = tok(texts, return_tensors="pt", padding=True)
-        kwargs, skip = {"max_new_tokens": MAX_NEW + 1, "forced_bos_token_id": tok.get_lang_id(lang)}, 2
+        kwargs, skip = {"max_new_tokens": MAX_NEW + 1, "forced_bos_token_id": tok.convert_tokens_to_ids(
+            f"__{lang}__" if name == "m2m" else lang)}, 2
     with torch.no_grad():
-        out = model.generate(**batch, num_beams=beams, length_penalty=1.0, early_stopping=True, do_sample=False,
-                             **kwargs)
+        # The checkpoint's own generation config otherwise (early_stopping False, bad words, forced EOS...).
+        out = model.generate(**batch, num_beams=beams, length_penalty=1.0, do_sample=False, **kwargs)
     eos = model.config.eos_token_id
     rows = []
     for seq in out.tolist():
@@ -150,7 +165,8 @@ def test_server_output_equals_generate_greedy_and_beam_in_a_shared_batch(repo, r
             side = threading.Thread(target=other_traffic, daemon=True)
             side.start()
             try:
-                for name, lang in (("marian", "xx"), ("m2m", "de"), ("m2m", "fr"), ("sep", "xx")):
+                for name, lang in (("marian", "xx"), ("m2m", "de"), ("m2m", "fr"), ("sep", "xx"),
+                                   ("nllb", "deu_Latn"), ("nllb", "fra_Latn")):
                     for beams in (1, 4):
                         got = client.translate(texts, model=name, target_language=lang, return_tokens=True,
                                                beam_size=beams, max_output_tokens=MAX_NEW)
@@ -184,6 +200,8 @@ def test_languages_route_requests_and_unknown_pairs_are_refused(repo):
             assert routed.model == "m2m"
             routed = client.translate(["Brown adult cleaning."], target_language="yy")
             assert routed.model == "marian"
+            routed = client.translate(["Brown adult cleaning."], source_language="eng_Latn", target_language="fra_Latn")
+            assert routed.model == "nllb" and len(models["nllb"].language_pairs) == 6
             with pytest.raises(grpc.RpcError) as e:
                 client.translate(["Hello."], model="m2m", source_language="en", target_language="tlh")
             assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "'en'->'tlh'" in e.value.details()

@@ -1,0 +1,173 @@
+"""An OPUS-MT-sized Marian model served by us vs by CTranslate2 (its own ct2-transformers-converter).
+
+    python -m benchmarks.hf_compare [--concurrency 1,8,32] [--tokens 48] [--repeats 2] \\
+        [--out docs/benchmarks/hf_compare.md]
+
+The model has Helsinki-NLP/opus-mt-en-de's shape (d_model 512, 6+6 layers, 8 heads, FFN 2048, swish,
+58,101-token joint vocabulary, final_logits_bias) with random weights: this machine cannot download
+the real one, and speed does not depend on the values. EOS and pad get a -1e4 logits bias, so every
+text decodes exactly its output budget on both servers (the shared rule 1.5 x source tokens + 10;
+no forced EOS), equal lengths on both sides. The same Hugging
+Face directory goes through `python -m export --from-huggingface` (ours) and
+`ct2-transformers-converter` (CTranslate2, float32); both servers are driven by the same client code
+(benchmarks/serving_compare.py), alternating, and must produce the same tokens on 50 texts first.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from benchmarks.serving_compare import measure, median_of
+from benchmarks.serving_load import free_port, wait_serving
+
+ROOT = Path(__file__).resolve().parents[1]
+CAPTIONS = ROOT / "tests/data/test_2016_flickr.head200.en"
+OPUS_MT = dict(d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8, decoder_attention_heads=8,
+               encoder_ffn_dim=2048, decoder_ffn_dim=2048, max_position_embeddings=512, vocab_size=58101)
+
+
+def build_model(out: Path) -> Path:
+    """A Hugging Face MarianMT directory of OPUS-MT's size (random weights, EOS/pad never chosen)."""
+    import sentencepiece as spm
+    from transformers import MarianConfig, MarianMTModel, MarianTokenizer
+
+    out.mkdir(parents=True, exist_ok=True)
+    spm.SentencePieceTrainer.train(input=str(CAPTIONS), model_prefix=str(out / "spm"), vocab_size=600,
+                                   minloglevel=2, bos_id=-1, eos_id=-1, unk_id=0, num_threads=1)
+    sp = spm.SentencePieceProcessor(model_file=str(out / "spm.model"))
+    vocab = {"</s>": 0, "<unk>": 1}
+    for i in range(sp.get_piece_size()):
+        vocab.setdefault(sp.id_to_piece(i), len(vocab))
+    while len(vocab) < OPUS_MT["vocab_size"] - 1:  # the real vocabulary's size; unused ids never come up
+        vocab[f"\u2581filler{len(vocab)}"] = len(vocab)
+    vocab["<pad>"] = len(vocab)
+    (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
+    tok = MarianTokenizer(source_spm=str(out / "spm.model"), target_spm=str(out / "spm.model"),
+                          vocab=str(out / "vocab.json"), source_lang="en", target_lang="de")
+    pad = vocab["<pad>"]
+    cfg = MarianConfig(**OPUS_MT, pad_token_id=pad, decoder_start_token_id=pad, eos_token_id=0,
+                       forced_eos_token_id=None, activation_function="swish", scale_embedding=True,
+                       share_encoder_decoder_embeddings=True, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = MarianMTModel(cfg).eval()
+    with torch.no_grad():
+        model.final_logits_bias[0, [0, pad]] = -1e4  # equal lengths: EOS (and pad) never win
+    model.save_pretrained(out / "hf")
+    tok.save_pretrained(out / "hf")
+    return out / "hf"
+
+
+def prepare(work: Path) -> dict:
+    hf = build_model(work / "marian")
+    repo = work / "repo"
+    subprocess.run([sys.executable, "-m", "export", "--from-huggingface", str(hf), "--out", str(repo),
+                    "--name", "opus-mt-shaped"], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    ct2 = work / "ct2"
+    subprocess.run(["ct2-transformers-converter", "--model", str(hf), "--output_dir", str(ct2), "--force"],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return {"repo": str(repo), "ct2": str(ct2), "bundle": str(repo / "opus-mt-shaped" / "1")}
+
+
+def start(kind: str, paths: dict, args) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    if kind == "ours":
+        cmd = [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port), "--metrics-port", "-1",
+               "--model-repository", paths["repo"], "--max-queue-size", "4096",
+               "--max-batch-size", str(args.max_batch_size)]
+    else:
+        cmd = [sys.executable, "-m", "benchmarks.ct2_server", "--model", paths["ct2"], "--bundle", paths["bundle"],
+               "--port", str(port), "--threads", str(args.ct2_threads), "--compute-type", "float32",
+               "--max-batch", str(args.max_batch_size)]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), f"127.0.0.1:{port}"
+
+
+async def tokens_of(target: str, texts: list[str], n: int) -> list[list[int]]:
+    from client.client import AsyncTranslatorClient
+    async with AsyncTranslatorClient(target, timeout=600, retries=0) as client:
+        await wait_serving(client)
+        resp = await client.translate(texts, return_tokens=True, max_output_tokens=n)
+        return [list(t.hypotheses[0].token_ids) for t in resp.translations]
+
+
+def run(kind: str, paths: dict, texts: list[str], args, check: bool = False):
+    proc, target = start(kind, paths, args)
+    try:
+        if check:
+            return asyncio.run(tokens_of(target, texts, args.tokens))
+        return asyncio.run(measure(kind, target, proc.pid, texts, args))
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def render(res: dict, args, argv: list[str], same: int, n_same: int) -> str:
+    ours, base = res["ours"], res["ct2"]
+    lines = ["# An OPUS-MT-sized Marian model: our server vs CTranslate2", "",
+             f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; both servers and the "
+             f"client share it. Median of {args.repeats} repeats, servers alternating; greedy over the first 200 "
+             "test_2016_flickr captions, every text decoding its whole output budget (EOS never wins: see the "
+             "module docstring).", "",
+             f"Command: `python -m benchmarks.hf_compare {shlex.join(argv)}`", "",
+             f"Same tokens: {same}/{n_same} texts identical between the two servers (fp32).", "",
+             "| load | ours tok/s | CT2 server tok/s | ours / CT2 | TTFT p50 ours / CT2 (ms) | "
+             "server CPU µs/token ours / CT2 |", "|---|---|---|---|---|---|"]
+    for c in ours["streams"]:
+        o, b = ours["streams"][c], base["streams"][c]
+        lines.append(f"| {c} streams | {o['tokens_per_s']:,.0f} | {b['tokens_per_s']:,.0f} | "
+                     f"**{o['tokens_per_s'] / b['tokens_per_s']:.2f}** | {o['ttft_p50_ms']:.0f} / "
+                     f"{b['ttft_p50_ms']:.0f} | {o['cpu_us_per_token']:.0f} / {b['cpu_us_per_token']:.0f} |")
+    lines.append(f"| unary, {args.unary_texts} texts x {args.unary_clients} clients | "
+                 f"{ours['unary_tokens_per_s']:,.0f} | {base['unary_tokens_per_s']:,.0f} | "
+                 f"**{ours['unary_tokens_per_s'] / base['unary_tokens_per_s']:.2f}** | | |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
+    p.add_argument("--tokens", type=int, default=48, help="tokens decoded per text in the same-tokens check")
+    p.add_argument("--requests", type=int, default=96, help="streams per level (at least 2x the level)")
+    p.add_argument("--max-seconds", type=float, default=90.0, help="bound per level")
+    p.add_argument("--unary-texts", type=int, default=32)
+    p.add_argument("--unary-clients", type=int, default=2)
+    p.add_argument("--unary-calls", type=int, default=2, help="calls per unary client")
+    p.add_argument("--max-batch-size", type=int, default=32)
+    p.add_argument("--ct2-threads", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--out", default=str(ROOT / "docs/benchmarks/hf_compare.md"))
+    args = p.parse_args(argv)
+    texts = [t for t in CAPTIONS.read_text().splitlines() if t.strip()]
+    with tempfile.TemporaryDirectory(prefix="hf-compare-") as tmp:
+        print("building the model, exporting it and converting it for CTranslate2", file=sys.stderr, flush=True)
+        paths = prepare(Path(tmp))
+        a, b = run("ours", paths, texts[:50], args, check=True), run("ct2", paths, texts[:50], args, check=True)
+        same = sum(x == y for x, y in zip(a, b))
+        print(f"same tokens: {same}/50", file=sys.stderr, flush=True)
+        runs: dict[str, list] = {"ours": [], "ct2": []}
+        for r in range(args.repeats):
+            for kind in (("ours", "ct2") if r % 2 == 0 else ("ct2", "ours")):
+                print(f"  repeat {r + 1}: {kind}", file=sys.stderr, flush=True)
+                runs[kind].append(run(kind, paths, texts, args))
+    res = {k: median_of(v) for k, v in runs.items()}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render(res, args, argv, same, 50))
+    (out.with_suffix(".json")).write_text(json.dumps({"runs": runs, "median": res}, indent=1, default=str))
+    print(out.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

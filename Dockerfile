@@ -14,7 +14,8 @@ COPY pyproject.toml README.md ./
 COPY protos/ protos/
 COPY server/ server/
 COPY client/ client/
-COPY models/__init__.py models/config.py models/tokenizer.py models/sentencepiece_tokenizer.py models/tokenizer_json.py models/data.py models/
+COPY models/__init__.py models/
+COPY models/core/ models/core/
 RUN pip install --no-cache-dir ".[serve]"
 COPY model_repository/ model_repository/
 

@@ -9,7 +9,7 @@ in an afternoon: a collector thread takes whatever texts are waiting (up to
 them with the GIL released, and answers each request; greedy streams get their
 tokens from CTranslate2's per-token callback. No continuous batching: texts that
 arrive while a batch decodes wait for the next one. Same tokenizer, same output
-budget rule (models.config.max_output_len) and the same finish semantics as the
+budget rule (models.core.config.max_output_len) and the same finish semantics as the
 real server, so the two produce the same tokens (fp32) and the same message shapes.
 Beam streams send their text once, at the end. Embed is not offered.
 """
@@ -26,8 +26,8 @@ from typing import Optional, Sequence
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from models.config import max_output_len
-from models.tokenizer import SubwordTokenizer, load_tokenizer
+from models.core.config import max_output_len
+from models.core.tokenizer import SubwordTokenizer, load_tokenizer
 from protos.nmt.v1 import translator_pb2 as pb
 from protos.nmt.v1 import translator_pb2_grpc as pb_grpc
 from server.detok import IncrementalDetokenizer

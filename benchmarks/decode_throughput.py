@@ -32,8 +32,8 @@ def batches_of(items: list, size: int) -> list[list]:
 
 def run_worker(args: argparse.Namespace) -> dict:
     """Inside a fresh process: decode all sentences at one batch size, report tokens/s."""
+    from models.core.tokenizer import SubwordTokenizer
     from models.data import normalize
-    from models.tokenizer import SubwordTokenizer
 
     engine, threads, batch, n_tok = args.worker, args.worker_threads, args.batch, args.tokens
     tok = SubwordTokenizer.load(Path(args.bundle) / "tokenizer.json")
@@ -54,9 +54,9 @@ def run_worker(args: argparse.Namespace) -> dict:
             src = torch.tensor([x + [0] * (width - len(x)) for x in group])
             return greedy(model, src, max_len=n_tok, min_len=n_tok, use_cache=engine == "torch-cache")
     elif engine.startswith("ort"):
-        from server import static_decode
-        from server.bundle import load_bundle
-        from server.runtime import OnnxModel, RuntimeOptions
+        from models.core import static_decode
+        from models.core.bundle import load_bundle
+        from models.core.runtime import OnnxModel, RuntimeOptions
         model = OnnxModel(load_bundle(args.bundle), RuntimeOptions(variant=engine.split("-")[1], provider="cpu",
                                                                    intra_op_threads=threads))
         run_time = [0.0]

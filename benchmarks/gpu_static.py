@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -68,11 +67,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import onnxruntime as ort
 
+    from models.core.bundle import load_bundle
+    from models.core.runtime import OnnxModel, RuntimeOptions
+    from models.core.tokenizer import SubwordTokenizer
     from models.data import normalize
     from server import static_decode
-    from server.bundle import load_bundle
-    from server.runtime import OnnxModel, RuntimeOptions
-    from models.tokenizer import SubwordTokenizer
 
     work = Path(tempfile.mkdtemp())
     bundle = load_bundle(with_fp16(Path(args.bundle), work))

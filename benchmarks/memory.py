@@ -226,9 +226,10 @@ async def drive(args, proc, port: int, metrics_port: int, texts: list[str]) -> d
 def cache_sizes(repository: str, server_flags: list[str]) -> dict:
     """Allocated bytes of the slot cache's arrays and of one step's gathered inputs at full occupancy."""
     import numpy as np
-    from server.bundle import discover
+
+    from models.core.bundle import discover
+    from models.core.kv_cache import SlotCache
     from server.config import ServerConfig
-    from server.kv_cache import SlotCache
     cfg = ServerConfig.from_args(["--model-repository", repository, *server_flags])
     spec = discover(repository)[0].spec
     max_source = min(cfg.max_source_tokens, spec.max_positions)
@@ -248,8 +249,9 @@ def ort_probe(repository: str, arena: bool, pattern: bool, slots: int, steps: in
     """In this (fresh) process, ONNX Runtime alone: `slots` rows decoded for `steps` steps, the past
     growing by one position per step as in serving (a new input shape every step), twice."""
     import numpy as np
-    from server.bundle import discover
-    from server.runtime import OnnxModel, RuntimeOptions, keep_freed_memory
+
+    from models.core.bundle import discover
+    from models.core.runtime import OnnxModel, RuntimeOptions, keep_freed_memory
     pid = os.getpid()
     keep_freed_memory()  # as the server does
     model = OnnxModel(discover(repository)[0], RuntimeOptions(provider="cpu", cpu_mem_arena=arena,

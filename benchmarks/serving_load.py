@@ -60,7 +60,7 @@ def component_costs(runtime, tok, texts: Sequence[str], out_len: float) -> dict:
     output; 32 streams share each step and encode side by side. The ratio of the two is the
     most that 32 streams can gain over one on this machine, whatever the server does.
     """
-    from server.static_decode import pad_batch
+    from models.core.static_decode import pad_batch
     s = runtime.spec
     sources = [tok.encode(t) for t in texts[:32]]
     past_len = max(1, int(out_len / 2))  # the average step sees half the output as past
@@ -105,7 +105,7 @@ def component_costs(runtime, tok, texts: Sequence[str], out_len: float) -> dict:
 
 
 async def inprocess(args, texts) -> dict:
-    from server.bundle import discover
+    from models.core.bundle import discover
     from server.config import ServerConfig
     from server.hosted import HostedModel
     from server.metrics import Metrics
@@ -333,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         fn = inprocess if args.mode == "inprocess" else through_grpc
         print(json.dumps(asyncio.run(fn(args, texts))))
         return 0
-    from server.bundle import discover
+    from models.core.bundle import discover
     # Repeats alternate the modes, so slow drift of a shared machine hits both alike.
     raw: dict = {(k, mode): [] for k in args.stream_intervals for mode in ("inprocess", "grpc")}
     for rep in range(args.repeats):

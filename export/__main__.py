@@ -26,10 +26,10 @@ from export import onnx as graphs
 from export.parity import graph_parity, inplace_parity
 from export.variants import convert_fp16, quantize_int8
 from export.weights import share_weights
+from models.core.bundle import BUNDLE_FORMAT, load_bundle
+from models.core.runtime import OnnxModel, RuntimeOptions
+from models.core.tokenizer import load_tokenizer
 from models.evaluate import load_checkpoint
-from models.tokenizer import load_tokenizer
-from server.bundle import BUNDLE_FORMAT, load_bundle
-from server.runtime import OnnxModel, RuntimeOptions
 
 FP32_TOLERANCE = 1e-4  # max abs diff, any output, any parity case
 INT8_LOGIT_TOLERANCE = 2.0  # sanity bound only; int8 quality is judged by BLEU in the model card

@@ -6,7 +6,7 @@ The model math stays ours (models/transformer.py): the checkpoint's config is
 mapped onto ModelConfig's flags (norm placement, activation, embedding scale,
 position table, final norms, logits bias, special ids), its weights onto our
 parameter names, and its tokenizer files are carried into the bundle for
-models/sentencepiece_tokenizer.py. CTranslate2's converters are the model for
+models/core/sentencepiece_tokenizer.py. CTranslate2's converters are the model for
 the checks: every unsupported flag, unmapped weight or inconsistent vocabulary
 is collected and reported at once, and the caller writes nothing if any
 exists. Parity against transformers itself (logits, tokenizer ids) runs here
@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 import torch
 
-from models.config import ModelConfig
+from models.core.config import ModelConfig
 from models.transformer import Transformer, sinusoidal_table
 
 SUPPORTED = {"marian": "MarianMTModel", "m2m_100": "M2M100ForConditionalGeneration"}
@@ -178,7 +178,7 @@ def _languages_marian(hf_dir: Path, vocab: dict[str, int], src: str, tgt: str) -
 def tokenizer(hf_dir: Path, kind: str, cfg: ModelConfig, src: Optional[str], tgt: Optional[str],
               problems: list[str]) -> tuple[dict[str, Path], dict, dict, tuple[str, str]]:
     """The tokenizer files to carry, the bundle's tokenizer and languages sections, the default pair."""
-    from models.sentencepiece_tokenizer import SentencePieceTokenizer
+    from models.core.sentencepiece_tokenizer import SentencePieceTokenizer
 
     tcfg = _read_json(hf_dir / "tokenizer_config.json")
     src = src or tcfg.get("source_lang") or tcfg.get("src_lang")
@@ -238,7 +238,7 @@ def _nllb_tokenizer(hf_dir: Path, tcfg: dict, cfg: ModelConfig, src: Optional[st
     """NLLB-200: its tokenizer.json as is; language codes (eng_Latn, ...) are special tokens of that file."""
     from tokenizers import Tokenizer
 
-    from models.tokenizer_json import JsonTokenizer
+    from models.core.tokenizer_json import JsonTokenizer
     if not (hf_dir / "tokenizer.json").exists():
         problems.append("tokenizer files missing: tokenizer.json (NLLB's tokenizer is that file)")
         return {}, {}, {}, (src, tgt)

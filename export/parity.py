@@ -20,9 +20,9 @@ import torch
 from export import inplace
 from export.onnx import example_inputs
 from models import search as torch_search
+from models.core import static_decode
+from models.core.runtime import OnnxModel
 from models.transformer import Transformer
-from server import static_decode
-from server.runtime import OnnxModel
 
 # (batch, src_len, past_len, step): includes an empty past, a single row, one source token, T > 1.
 PARITY_CASES = [(2, 5, 3, 1), (3, 9, 0, 1), (1, 1, 7, 1), (4, 13, 11, 1), (3, 6, 4, 3)]

@@ -24,10 +24,10 @@ import sacrebleu
 import torch
 
 from export.parity import token_parity
-from models.data import normalize
+from models.core.bundle import load_bundle
+from models.core.runtime import OnnxModel, RuntimeOptions
+from models.core.tokenizer import normalize
 from models.evaluate import load_checkpoint
-from server.bundle import load_bundle
-from server.runtime import OnnxModel, RuntimeOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -81,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"{variant} {name}: {result[f'onnx_{variant}_{name}']} (pytorch {torch_bleu})",
                       file=sys.stderr, flush=True)
             # Speed of the ONNX decoder alone (no PyTorch in the timing), greedy, batch 32.
-            from server.static_decode import greedy, pad_batch
+            from models.core.static_decode import greedy, pad_batch
             t0 = time.perf_counter()
             for i in range(0, len(ids), 32):
                 greedy(onnx_model, *pad_batch(ids[i:i + 32], tok.pad_id))

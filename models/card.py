@@ -15,7 +15,7 @@ from typing import Sequence
 
 import torch
 
-from models.config import ModelConfig
+from models.core.config import ModelConfig
 from models.data import MULTI30K_COMMIT, MULTI30K_SHA256
 from models.transformer import Transformer
 
@@ -101,7 +101,7 @@ def render(state: dict, log: list[dict], quality: dict, name: str, selection: li
     ]
     for variant in ("fp32", "int8"):
         g, b = q[f"onnx_{variant}_greedy"], q[f"onnx_{variant}_{beam_key}"]
-        lines.append(f"| ONNX Runtime {variant} + numpy (server/static_decode.py) | {g['bleu']:.2f} | {b['bleu']:.2f} | "
+        lines.append(f"| ONNX Runtime {variant} + numpy (models/core/static_decode.py) | {g['bleu']:.2f} | {b['bleu']:.2f} | "
                      f"{100 * g['identical_to_pytorch']:.1f}% / {100 * b['identical_to_pytorch']:.1f}% |")
     drop = q[f"onnx_fp32_{beam_key}"]["bleu"] - q[f"onnx_int8_{beam_key}"]["bleu"]
     lines += [

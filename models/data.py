@@ -16,13 +16,13 @@ import hashlib
 import io
 import os
 import random
-import re
-import unicodedata
 import urllib.request
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
+
+from models.core.tokenizer import normalize  # noqa: F401 (the corpus text rule; re-exported)
 
 MULTI30K_COMMIT = "a3d2e0d26b56f3846f66a952536ffed4e401d05a"
 MULTI30K_URL = f"https://github.com/multi30k/dataset/raw/{MULTI30K_COMMIT}/data/task1/raw/{{name}}.gz"
@@ -44,17 +44,6 @@ TATOEBA_MEMBER = "fra-eng/fra.txt"
 TATOEBA_FILE = "fra-eng.tsv"
 TATOEBA_SHA256 = "0bb85dbaa1c896844649094d7eaf2e34bee34e84fe362b26ce7e8f2e12aae104"
 TATOEBA_SPLITS = ("train", "val", "test")
-
-_WS = re.compile(r"\s+")
-_INVISIBLE = re.compile("[\u200b\u00ad]")
-
-
-def normalize(text: str) -> str:
-    """NFC; drop zero-width space and soft hyphen; every whitespace run (tab,
-    NBSP, narrow NBSP, thin space...) becomes one space; trim."""
-    text = unicodedata.normalize("NFC", text)
-    return _WS.sub(" ", _INVISIBLE.sub("", text)).strip()
-
 
 @dataclass(frozen=True)
 class Pair:

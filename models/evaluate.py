@@ -17,10 +17,10 @@ from typing import Sequence
 import sacrebleu
 import torch
 
-from models.config import ModelConfig
-from models.data import normalize
+from models.core.config import ModelConfig
+from models.core.tokenizer import normalize
 from models.search import beam_search, greedy
-from models.tokenizer import SubwordTokenizer
+from models.core.tokenizer import SubwordTokenizer
 from models.transformer import Transformer
 
 

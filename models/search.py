@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from models.config import max_output_len
+from models.core.config import max_output_len
 from models.transformer import Transformer
 
 

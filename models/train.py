@@ -22,10 +22,10 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from models.config import PRESETS, preset
+from models.core.config import PRESETS, preset
 from models.data import load_pairs, token_batches
 from models.evaluate import bleu, translate
-from models.tokenizer import SubwordTokenizer, train_tokenizer
+from models.core.tokenizer import SubwordTokenizer, train_tokenizer
 from models.transformer import Transformer
 
 

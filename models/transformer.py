@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.attention import MultiHeadAttention, causal_mask, local_window_mask
-from models.config import ModelConfig
+from models.core.config import ModelConfig
 
 
 def sinusoidal_table(positions: Tensor, d_model: int, freq_shift: int = 0) -> Tensor:

@@ -7,8 +7,8 @@ import signal
 import sys
 from typing import Sequence
 
+from models.core.bundle import BundleError
 from server.app import EXIT_ENGINE_FAILED, ConfigError, TranslationServer
-from server.bundle import BundleError
 from server.config import ServerConfig
 
 

@@ -11,8 +11,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from models.core.bundle import discover
 from protos.nmt.v1 import translator_pb2 as pb
-from server.bundle import discover
 from server.config import ServerConfig
 from server.errors import Unavailable
 from server.hosted import HostedModel

@@ -8,7 +8,7 @@ result, and a delta never ends inside a character or a word piece.
 """
 from __future__ import annotations
 
-from models.tokenizer import SubwordTokenizer
+from models.core.tokenizer import SubwordTokenizer
 
 
 class IncrementalDetokenizer:

@@ -10,12 +10,12 @@ import time
 import numpy as np
 import onnxruntime as ort
 
-from server.inplace_step import InPlaceStep
-from server.kv_cache import Row, SlotCache
+from models.core.inplace_step import InPlaceStep
+from models.core.kv_cache import Row, SlotCache
+from models.core.runtime import OnnxModel
+from models.core.static_decode import pad_batch
 from server.metrics import Metrics
 from server.request import EmbedJob, Job
-from server.runtime import OnnxModel
-from server.static_decode import pad_batch
 
 
 def _host(x) -> np.ndarray:

@@ -8,18 +8,17 @@ from __future__ import annotations
 import threading
 from typing import Callable, Optional
 
-from models.config import max_output_len
-from models.data import normalize
-from models.tokenizer import load_tokenizer
-from server.bundle import Bundle
+from models.core.bundle import Bundle
+from models.core.config import max_output_len
+from models.core.kv_cache import SlotCache
+from models.core.runtime import OnnxModel, RuntimeOptions, keep_freed_memory
+from models.core.tokenizer import load_tokenizer, normalize
 from server.config import ServerConfig
 from server.engine import Engine
 from server.errors import InvalidArgument, shown
-from server.kv_cache import SlotCache
 from server.loop import EngineLoop
 from server.metrics import Metrics
 from server.request import DecodingParams, EmbedJob, ErrorEvent, Event, FinishEvent, GenerationRules, Job
-from server.runtime import OnnxModel, RuntimeOptions, keep_freed_memory
 from server.scheduler import Scheduler
 
 

@@ -55,7 +55,7 @@ class GenerationRules:
     # otherwise suppressed tokens are cut from log_softmax over the whole vocabulary.
     renormalize: bool = False
     # Beam search ends with K finished hypotheses (True), or goes on while a live beam could still
-    # beat them (False: Hugging Face's default, kept by imported models; see server/beam.py).
+    # beat them (False: Hugging Face's default, kept by imported models; see models/core/beam.py).
     early_stopping: bool = True
 
 

@@ -20,12 +20,11 @@ from typing import Optional
 
 import numpy as np
 
-from server.beam import BeamState, log_softmax, logsumexp
+from models.core.beam import BeamState, log_softmax, logsumexp
+from models.core.kv_cache import Row, SlotCache
 from server.errors import Cancelled, DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable
-from server.kv_cache import Row, SlotCache
 from server.metrics import Metrics
-from server.request import (EmbedJob, ErrorEvent, FinishEvent, FinishReason, GenerationRules, Hypothesis, Job,
-                            TokenEvent)
+from server.request import EmbedJob, ErrorEvent, FinishEvent, FinishReason, GenerationRules, Hypothesis, Job, TokenEvent
 from server.sampler import make_rng, sample_token
 
 

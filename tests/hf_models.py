@@ -144,12 +144,35 @@ def build_marian(out: Path, steps: int = 300, d_model: int = 64, separate_vocabs
     return out
 
 
+def _train_m2m100(out: Path, tok, vocab_size: int, targets: dict, d_model: int, steps: int, seed: int) -> Path:
+    """An M2M100 model (pre-norm, final norms, ReLU, fairseq positions) trained on `targets` (language ->
+    pairs) through `tok`, saved with it; the first target language is the tokenizer's default."""
+    from transformers import M2M100Config, M2M100ForConditionalGeneration
+
+    cfg = M2M100Config(vocab_size=vocab_size, d_model=d_model, encoder_layers=2, decoder_layers=2,
+                       encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+                       decoder_ffn_dim=128, max_position_embeddings=128, dropout=0.0, attention_dropout=0.0,
+                       encoder_layerdrop=0.0, decoder_layerdrop=0.0, scale_embedding=True)
+    torch.manual_seed(seed)
+    model = M2M100ForConditionalGeneration(cfg)
+    examples = []
+    for lang, pairs in targets.items():
+        tok.tgt_lang = lang
+        examples += [(tok(s)["input_ids"], tok(text_target=t)["input_ids"]) for s, t in pairs]
+    random.Random(seed + 1).shuffle(examples)
+    _train(model, _batches(examples, cfg.decoder_start_token_id, cfg.pad_token_id), steps, seed=seed)
+    tok.tgt_lang = next(iter(targets))
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
 M2M_LANGS = ("en", "de", "fr")
 
 
 def build_m2m100(out: Path, steps: int = 300, d_model: int = 64) -> Path:
     """An M2M100-shaped checkpoint (pre-norm, final norms, ReLU, fairseq positions, language tokens)."""
-    from transformers import M2M100Config, M2M100ForConditionalGeneration, M2M100Tokenizer
+    from transformers import M2M100Tokenizer
     from transformers.models.m2m_100.tokenization_m2m_100 import FAIRSEQ_LANGUAGE_CODES
 
     rng = random.Random(1)
@@ -164,22 +187,7 @@ def build_m2m100(out: Path, steps: int = 300, d_model: int = 64) -> Path:
     codes = FAIRSEQ_LANGUAGE_CODES["m2m100"]
     tok = M2M100Tokenizer(vocab_file=str(work / "vocab.json"), spm_file=str(spm_model), src_lang="en", tgt_lang="de",
                           additional_special_tokens=[f"__{c}__" for c in codes])
-    cfg = M2M100Config(vocab_size=len(vocab) + len(codes) + 8, d_model=d_model, encoder_layers=2, decoder_layers=2,
-                       encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
-                       decoder_ffn_dim=128, max_position_embeddings=128, dropout=0.0, attention_dropout=0.0,
-                       encoder_layerdrop=0.0, decoder_layerdrop=0.0, scale_embedding=True)
-    torch.manual_seed(1)
-    model = M2M100ForConditionalGeneration(cfg)
-    examples = []
-    for lang, pairs in (("de", de), ("fr", fr)):
-        tok.tgt_lang = lang
-        examples += [(tok(s)["input_ids"], tok(text_target=t)["input_ids"]) for s, t in pairs]
-    random.Random(2).shuffle(examples)
-    _train(model, _batches(examples, cfg.decoder_start_token_id, cfg.pad_token_id), steps, seed=1)
-    tok.tgt_lang = "de"
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return _train_m2m100(out, tok, len(vocab) + len(codes) + 8, {"de": de, "fr": fr}, d_model, steps, seed=1)
 
 
 NLLB_LANGS = ("eng_Latn", "deu_Latn", "fra_Latn")
@@ -189,7 +197,7 @@ def build_nllb(out: Path, steps: int = 300, d_model: int = 64) -> Path:
     """An NLLB-shaped checkpoint: the M2M100 architecture with NLLB's tokenizer (a tokenizer.json BPE,
     <s> 0 <pad> 1 </s> 2 <unk> 3, language codes such as deu_Latn as special tokens after the vocabulary)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import M2M100Config, M2M100ForConditionalGeneration, NllbTokenizer
+    from transformers import NllbTokenizer
 
     rng = random.Random(3)
     de, fr = _pairs(1000, rng, "reverse"), _pairs(1000, rng, "keep")
@@ -203,22 +211,7 @@ def build_nllb(out: Path, steps: int = 300, d_model: int = 64) -> Path:
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in spec["merges"]]
     tok = NllbTokenizer(vocab=spec["vocab"], merges=merges, extra_special_tokens=list(NLLB_LANGS),
                         src_lang="eng_Latn", tgt_lang="deu_Latn")
-    cfg = M2M100Config(vocab_size=len(tok) + 1, d_model=d_model, encoder_layers=2, decoder_layers=2,
-                       encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
-                       decoder_ffn_dim=128, max_position_embeddings=128, dropout=0.0, attention_dropout=0.0,
-                       encoder_layerdrop=0.0, decoder_layerdrop=0.0, scale_embedding=True)
-    torch.manual_seed(3)
-    model = M2M100ForConditionalGeneration(cfg)
-    examples = []
-    for lang, pairs in (("deu_Latn", de), ("fra_Latn", fr)):
-        tok.tgt_lang = lang
-        examples += [(tok(s)["input_ids"], tok(text_target=t)["input_ids"]) for s, t in pairs]
-    random.Random(4).shuffle(examples)
-    _train(model, _batches(examples, cfg.decoder_start_token_id, cfg.pad_token_id), steps, seed=3)
-    tok.tgt_lang = "deu_Latn"
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return _train_m2m100(out, tok, len(tok) + 1, {"deu_Latn": de, "fra_Latn": fr}, d_model, steps, seed=3)
 
 
 def test_sentences(n: int, seed: int = 5) -> list[str]:

@@ -7,7 +7,7 @@ in PyTorch and demand the same logits (max abs diff <= 1e-5).
 import pytest
 import torch
 
-from models.config import preset
+from models.core.config import preset
 from models.search import greedy
 from models.transformer import Transformer, sinusoidal_table
 

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from benchmarks.ct2_convert import convert
-from models.config import preset
+from models.core.config import preset
+from models.core.tokenizer import train_tokenizer
 from models.search import greedy
-from models.tokenizer import train_tokenizer
 from models.transformer import Transformer
 
 ctranslate2 = pytest.importorskip("ctranslate2")
@@ -45,9 +45,9 @@ def test_baseline_server_gives_our_servers_tokens(tmp_path):
     import time
 
     import grpc
+    from serving import ROOT, ServerThread, flickr_sentences
 
     from client import TranslatorClient
-    from serving import ROOT, ServerThread, flickr_sentences
 
     ckpt = ROOT / "models/pretrained/multi30k-en-de-small/model.pt"
     model_dir = convert(ckpt, tmp_path / "ct2")

@@ -10,11 +10,11 @@ from export import onnx as graphs
 from export.__main__ import INT8_LOGIT_TOLERANCE, check_graph
 from export.__main__ import main as export_main
 from export.parity import graph_parity, inplace_parity, token_parity
-from models.config import preset
-from models.tokenizer import train_tokenizer
+from models.core.bundle import BundleError, discover, load_bundle
+from models.core.config import preset
+from models.core.runtime import OnnxModel, RuntimeOptions
+from models.core.tokenizer import train_tokenizer
 from models.transformer import Transformer
-from server.bundle import BundleError, discover, load_bundle
-from server.runtime import OnnxModel, RuntimeOptions
 
 VOCAB_TEXTS = ["a b c d e f g h i j k l m n o p q r s t u v w x y z"] * 5
 
@@ -177,8 +177,9 @@ def test_broken_bundle_lists_all_problems(repo, tmp_path):
 
 def test_forced_length_decoding_matches(repo):
     """min_len = max_len (the benchmark's forced mode) agrees between PyTorch and ONNX Runtime."""
+    from models.core.static_decode import greedy as onnx_greedy
+    from models.core.static_decode import pad_batch
     from models.search import greedy as torch_greedy
-    from server.static_decode import greedy as onnx_greedy, pad_batch
     model, out = repo
     onnx_model = OnnxModel(load_bundle(out / "tiny-xx-yy" / "1"), RuntimeOptions(provider="cpu"))
     ids, mask = pad_batch([[5, 6, 7, 2], [9, 2]], 0)

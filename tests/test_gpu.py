@@ -5,12 +5,12 @@ import pytest
 import torch
 
 from export.__main__ import main as export_main
-from models.config import preset
-from models.tokenizer import train_tokenizer
+from models.core import static_decode
+from models.core.bundle import load_bundle
+from models.core.config import preset
+from models.core.runtime import OnnxModel, RuntimeOptions
+from models.core.tokenizer import train_tokenizer
 from models.transformer import Transformer
-from server import static_decode
-from server.bundle import load_bundle
-from server.runtime import OnnxModel, RuntimeOptions
 
 pytestmark = pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(),
                                 reason="needs onnxruntime-gpu and a CUDA device")

@@ -13,13 +13,13 @@ import time
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from serving import ROOT, EngineGate, ServerThread
 
 from client import TranslatorClient
-from serving import ROOT, EngineGate, ServerThread
+from models.core.bundle import discover
+from models.core.kv_cache import SlotCache
 from server.app import ConfigError
-from server.bundle import discover
 from server.config import ServerConfig
-from server.kv_cache import SlotCache
 from server.metrics import Metrics
 from server.request import DecodingParams, Job
 from server.scheduler import Scheduler

@@ -17,8 +17,8 @@ import hf_models  # noqa: E402
 from serving import ServerThread  # noqa: E402
 
 from export.__main__ import main as export_main  # noqa: E402
-from models.tokenizer import load_tokenizer  # noqa: E402
-from server.bundle import load_bundle  # noqa: E402
+from models.core.bundle import load_bundle  # noqa: E402
+from models.core.tokenizer import load_tokenizer  # noqa: E402
 
 AWKWARD = [
     "A man is riding a bike.",

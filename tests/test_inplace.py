@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from server.bundle import load_bundle
-from server.engine import Engine
-from server.kv_cache import SlotCache
-from server.metrics import Metrics
-from server.runtime import OnnxModel, RuntimeOptions
-from server.static_decode import pad_batch
 from serving import REPOSITORY, ServerThread, flickr_sentences
+
+from models.core.bundle import load_bundle
+from models.core.kv_cache import SlotCache
+from models.core.runtime import OnnxModel, RuntimeOptions
+from models.core.static_decode import pad_batch
+from server.engine import Engine
+from server.metrics import Metrics
 
 BUNDLE = REPOSITORY / "multi30k-en-de-small" / "1"
 SLOTS, MAX_SOURCE, MAX_TARGET = 8, 40, 48

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from models.config import preset
+from models.core.config import preset
 from models.search import beam_search, greedy
 from models.train import collate, inverse_sqrt, loss_fn
 from models.transformer import Transformer

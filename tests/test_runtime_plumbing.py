@@ -91,8 +91,8 @@ def test_sessions_share_one_process_wide_pool():
     code = """
 import os
 import numpy as np
-from server.bundle import discover
-from server.runtime import OnnxModel, RuntimeOptions
+from models.core.bundle import discover
+from models.core.runtime import OnnxModel, RuntimeOptions
 bundle = discover("model_repository")[0]
 threads = lambda: len(os.listdir("/proc/self/task"))  # noqa: E731
 before = threads()

@@ -6,14 +6,14 @@ import time
 import grpc
 import numpy as np
 import pytest
+from serving import EngineGate, ServerThread, flickr_sentences
 
 from client import TranslatorClient
+from models.core.bundle import discover
+from models.core.runtime import OnnxModel, RuntimeOptions
+from models.core.static_decode import pad_batch
 from protos.nmt.v1 import translator_pb2 as pb
-from serving import EngineGate, ServerThread, flickr_sentences
-from server.bundle import discover
 from server.request import DecodingParams, FinishEvent
-from server.runtime import OnnxModel, RuntimeOptions
-from server.static_decode import pad_batch
 
 
 @pytest.fixture(scope="module")
@@ -294,6 +294,7 @@ def test_reflection_lists_and_describes_the_service(server):
 def test_every_bundle_in_the_repository_is_served(tmp_path):
     import json
     import shutil
+
     from serving import REPOSITORY
     src = next(p for p in REPOSITORY.iterdir() if p.is_dir())
     version = sorted(v for v in src.iterdir() if v.is_dir())[-1]

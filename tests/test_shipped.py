@@ -4,13 +4,13 @@ from pathlib import Path
 
 import pytest
 import sacrebleu
+from serving import REPOSITORY, ROOT, SHARED
 
 from export.parity import token_parity
-from models.data import normalize
+from models.core.bundle import discover
+from models.core.runtime import OnnxModel, RuntimeOptions
+from models.core.tokenizer import normalize
 from models.evaluate import load_checkpoint
-from serving import REPOSITORY, ROOT, SHARED
-from server.bundle import discover
-from server.runtime import OnnxModel, RuntimeOptions
 
 PRETRAINED = ROOT / "models" / "pretrained" / "multi30k-en-de-small"
 QUALITY = ROOT / "docs" / "quality.json"

@@ -1,9 +1,8 @@
 """Tokenizer: special ids, normalisation, round trip, save/load."""
 import pytest
 
-from models.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from models.data import normalize
-from models.tokenizer import SubwordTokenizer, train_tokenizer
+from models.core.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from models.core.tokenizer import SubwordTokenizer, normalize, train_tokenizer
 
 CORPUS = [
     "A man is riding a bike.",

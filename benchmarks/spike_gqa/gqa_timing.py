@@ -9,7 +9,7 @@ slots and C = 257, and do everything a decode step needs for the attention part:
            views cache[l, :B] bound as past_key_l AND present_key_l (in place);
            run. Nothing is copied by the engine.
   gqa_bound  the same with one binding kept across steps (valid while B does not change)
-  current  what server/kv_cache.py does today: copy cache[:, :B, :, :P] into a
+  current  what models/core/kv_cache.py does today: copy cache[:, :B, :, :P] into a
            reused contiguous buffer (P = longest row), build past_mask, run the
            Concat/MatMul/Softmax/MatMul graph with session.run, then scatter
            new_k/new_v back at each row's own position.

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from models.core.config import Dimensions
+
 BUNDLE_FORMAT = "nmt-bundle/2"
 READABLE_FORMATS = ("nmt-bundle/1", BUNDLE_FORMAT)
 REQUIRED = ("encoder", "decoder_step")  # graphs every variant has
@@ -37,7 +39,7 @@ class BundleError(ValueError):
 
 
 @dataclass(frozen=True)
-class ModelSpec:
+class ModelSpec(Dimensions):
     """The parts of config.json a decoder needs, as plain fields."""
     vocab_size: int
     d_model: int
@@ -50,15 +52,6 @@ class ModelSpec:
     max_positions: int
     tgt_vocab_size: Optional[int] = None
     suppress_ids: tuple[int, ...] = ()
-
-    @property
-    def out_vocab_size(self) -> int:
-        """The logits' last axis."""
-        return self.tgt_vocab_size or self.vocab_size
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
 
 
 @dataclass(frozen=True)

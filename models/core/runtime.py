@@ -22,7 +22,7 @@ import numpy as np
 import onnxruntime as ort
 from onnxruntime.capi import _pybind_state as ort_c
 
-from server.bundle import Bundle
+from models.core.bundle import Bundle
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,26 @@ UNK_ID = 3
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
 
 
+class Dimensions:
+    """Sizes derived from the fields every model description has (the training config and the
+    bundle's spec share them)."""
+    vocab_size: int
+    tgt_vocab_size: Optional[int]
+    d_model: int
+    n_heads: int
+
+    @property
+    def out_vocab_size(self) -> int:
+        """Size of the target vocabulary (the logits' last axis)."""
+        return self.tgt_vocab_size or self.vocab_size
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
 @dataclass
-class ModelConfig:
+class ModelConfig(Dimensions):
     vocab_size: int = 8000
     d_model: int = 256
     n_heads: int = 4
@@ -99,15 +117,6 @@ class ModelConfig:
                 (self.bos_id, *self.suppress_ids)) < 0:
             out.append(f"bos, eos and suppressed ids must lie in the target vocabulary [0, {self.out_vocab_size})")
         return out
-
-    @property
-    def out_vocab_size(self) -> int:
-        """Size of the target vocabulary (the logits' last axis)."""
-        return self.tgt_vocab_size or self.vocab_size
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

@@ -23,15 +23,17 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import sentencepiece as spm
+
+from models.core.tokenizer import PieceTable
 
 WORD_MARK = "\u2581"
 LANGUAGE_CODE = re.compile(r"^>>.+?<<")  # Marian's multi-target prefix, e.g. ">>fra<<"
 
 
-class SentencePieceTokenizer:
+class SentencePieceTokenizer(PieceTable):
     """Source and target SentencePiece models plus the piece -> id vocabularies the model was trained with."""
 
     def __init__(self, source_model: Path, vocab: dict[str, int], *, eos_id: int, pad_id: int, unk_id: int,
@@ -70,7 +72,7 @@ class SentencePieceTokenizer:
                 "vocab": vocab, "target_vocab": target_vocab, "eos_id": eos_id, "pad_id": pad_id,
                 "unk_id": unk_id, "skip_ids": sorted(set(skip_ids)), "split_language_code": split_language_code}
 
-    # -- the tokenizer contract (as models/tokenizer.py's SubwordTokenizer) ---------------
+    # -- the tokenizer contract (as models/core/tokenizer.py's SubwordTokenizer) ---------------
     @property
     def vocab_size(self) -> int:
         return max(self.vocab.values()) + 1
@@ -92,18 +94,6 @@ class SentencePieceTokenizer:
         ids = [self.vocab.get(p, unk) for p in self._pieces_of(text)]
         return ids + [self.eos_id] if add_eos else ids
 
-    def encode_batch(self, texts: Sequence[str], add_eos: bool = True) -> list[list[int]]:
-        return [self.encode(t, add_eos) for t in texts]
-
-    def piece(self, token_id: int) -> str:
-        return self._pieces[token_id] if 0 <= token_id < len(self._pieces) else ""
-
     def decode(self, ids: Iterable[int]) -> str:
         pieces = [self.piece(i) for i in ids if i not in self.skip]
         return "".join(pieces).replace(WORD_MARK, " ").strip()
-
-    def decode_batch(self, batch: Iterable[Iterable[int]]) -> list[str]:
-        return [self.decode(ids) for ids in batch]
-
-    def iter_pieces(self, ids: Iterable[int]) -> Iterator[str]:
-        return (self.piece(i) for i in ids)

@@ -10,13 +10,11 @@ from typing import Sequence
 
 import numpy as np
 
-from models.config import max_output_len
-
-from server.beam import BeamState, Hypothesis, log_softmax
-from server.inplace_step import InPlaceStep
-from server.kv_cache import SlotCache
-from server.runtime import OnnxModel
-
+from models.core.beam import BeamState, Hypothesis, log_softmax
+from models.core.config import max_output_len
+from models.core.inplace_step import InPlaceStep
+from models.core.kv_cache import SlotCache
+from models.core.runtime import OnnxModel
 
 
 def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -128,7 +126,7 @@ def _strip(ids: list[int], eos: int, pad: int) -> list[int]:
 
 def beam_search(model: OnnxModel, src_ids: np.ndarray, src_mask: np.ndarray, beam: int = 5, alpha: float = 1.0,
                 max_len: int | None = None, n_best: int = 1) -> list[list[Hypothesis]]:
-    """Batched beam search with the rules of models/search.py:beam_search (see server/beam.py)."""
+    """Batched beam search with the rules of models/search.py:beam_search (see models/core/beam.py)."""
     s = model.spec
     b, src_len = src_ids.shape
     k = beam

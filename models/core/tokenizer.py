@@ -10,14 +10,26 @@ lets the server stream text deltas incrementally.
 """
 from __future__ import annotations
 
+import re
+import unicodedata
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from models.config import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
+from models.core.config import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
 
 WORD_MARK = "\u2581"
+
+_WS = re.compile(r"\s+")
+_INVISIBLE = re.compile("[\u200b\u00ad]")
+
+
+def normalize(text: str) -> str:
+    """NFC; drop zero-width space and soft hyphen; every whitespace run (tab,
+    NBSP, narrow NBSP, thin space...) becomes one space; trim."""
+    text = unicodedata.normalize("NFC", text)
+    return _WS.sub(" ", _INVISIBLE.sub("", text)).strip()
 
 
 def _normalizer() -> normalizers.Normalizer:
@@ -39,6 +51,24 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 8000, min_frequency:
                                   special_tokens=list(SPECIAL_TOKENS), show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer)
     return SubwordTokenizer(tok)
+
+
+class PieceTable:
+    """The contract's batch and piece helpers, for tokenizers holding a `_pieces` id -> piece list
+    (models/core/sentencepiece_tokenizer.py, models/core/tokenizer_json.py)."""
+    _pieces: list[str]
+
+    def encode_batch(self, texts: Sequence[str], add_eos: bool = True) -> list[list[int]]:
+        return [self.encode(t, add_eos) for t in texts]
+
+    def piece(self, token_id: int) -> str:
+        return self._pieces[token_id] if 0 <= token_id < len(self._pieces) else ""
+
+    def decode_batch(self, batch: Iterable[Iterable[int]]) -> list[str]:
+        return [self.decode(ids) for ids in batch]
+
+    def iter_pieces(self, ids: Iterable[int]) -> Iterator[str]:
+        return (self.piece(i) for i in ids)
 
 
 class SubwordTokenizer:
@@ -104,9 +134,9 @@ def load_tokenizer(entry: str | dict, folder: str | Path):
     if isinstance(entry, str):
         return SubwordTokenizer.load(folder / entry)
     if entry.get("kind") == "sentencepiece":
-        from models.sentencepiece_tokenizer import SentencePieceTokenizer
+        from models.core.sentencepiece_tokenizer import SentencePieceTokenizer
         return SentencePieceTokenizer.from_entry(entry, folder)
     if entry.get("kind") == "tokenizer.json":
-        from models.tokenizer_json import JsonTokenizer
+        from models.core.tokenizer_json import JsonTokenizer
         return JsonTokenizer.from_entry(entry, folder)
     raise ValueError(f"unknown tokenizer kind {entry.get('kind')!r}")

@@ -5,18 +5,20 @@ file run by the same Rust library; what it adds around it, and this class
 repeats, is the id layout: the source is `[source language] pieces </s>` (the
 language token is added by the caller, server/hosted.py, from the request),
 and decoding skips special tokens (</s>, <pad>, <unk>, the language codes).
-Unlike models/tokenizer.py's SubwordTokenizer it does not require this repo's
+Unlike models/core/tokenizer.py's SubwordTokenizer it does not require this repo's
 fixed special ids (NLLB has <s> 0, <pad> 1, </s> 2, <unk> 3).
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 from tokenizers import Tokenizer
 
+from models.core.tokenizer import PieceTable
 
-class JsonTokenizer:
+
+class JsonTokenizer(PieceTable):
     def __init__(self, path: Path, *, eos_id: int, pad_id: int, unk_id: int, skip_ids: Iterable[int] = ()):
         self.tok = Tokenizer.from_file(str(path))
         self.eos_id, self.pad_id, self.unk_id = eos_id, pad_id, unk_id
@@ -45,17 +47,5 @@ class JsonTokenizer:
         ids = self.tok.encode(text, add_special_tokens=False).ids
         return ids + [self.eos_id] if add_eos else ids
 
-    def encode_batch(self, texts: Sequence[str], add_eos: bool = True) -> list[list[int]]:
-        return [self.encode(t, add_eos) for t in texts]
-
-    def piece(self, token_id: int) -> str:
-        return self._pieces[token_id] if 0 <= token_id < len(self._pieces) else ""
-
     def decode(self, ids: Iterable[int]) -> str:
         return self.tok.decode([i for i in ids if i not in self.skip], skip_special_tokens=True)
-
-    def decode_batch(self, batch: Iterable[Iterable[int]]) -> list[str]:
-        return [self.decode(ids) for ids in batch]
-
-    def iter_pieces(self, ids: Iterable[int]) -> Iterator[str]:
-        return (self.piece(i) for i in ids)

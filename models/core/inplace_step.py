@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 
-from server.kv_cache import SlotCache, lazy_zeros
+from models.core.kv_cache import SlotCache, lazy_zeros
 
 
 def _bind(binding: ort.IOBinding, name: str, array: np.ndarray, output: bool = False) -> None:

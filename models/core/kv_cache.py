@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from server.bundle import ModelSpec
+from models.core.bundle import ModelSpec
 
 
 def lazy_zeros(shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:

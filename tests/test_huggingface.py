@@ -48,7 +48,7 @@ def repo(hf_dirs, tmp_path_factory):
     for name in ("marian", "sep"):
         assert export_main(["--from-huggingface", str(hf_dirs[name]), "--out", str(out), "--name", name]) == 0
     assert export_main(["--from-huggingface", str(hf_dirs["m2m"]), "--out", str(out), "--name", "m2m",
-                        "--src-lang", "en", "--tgt-lang", "de"]) == 0
+                        "--src-lang", "en", "--tgt-lang", "de", "--int8"]) == 0
     assert export_main(["--from-huggingface", str(hf_dirs["nllb"]), "--out", str(out), "--name", "nllb",
                         "--src-lang", "eng_Latn", "--tgt-lang", "deu_Latn"]) == 0
     return out
@@ -77,6 +77,8 @@ def test_bundle_records_the_model_family_rules(repo):
     assert m2m.config["model"]["pre_norm"] and m2m.config["model"]["final_norms"]
     assert m2m.config["model"]["position_offset"] == 2 and m2m.config["model"]["position_freq_shift"] == 1
     assert m2m.languages.target_rule == "forced_bos" and ("en", "fr") in m2m.languages.pairs
+    # --int8 on an import: written only after the exporter's int8 logits check passed
+    assert {"encoder", "decoder_step", "decoder_inplace"} <= set(m2m.variants["int8"])
     nllb, _ = ours(repo, "nllb")  # its own tokenizer.json, language codes as special tokens
     assert nllb.config["tokenizer"]["kind"] == "tokenizer.json" and nllb.languages.target_rule == "forced_bos"
     assert set(nllb.languages.sources) == set(hf_models.NLLB_LANGS)

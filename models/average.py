@@ -18,7 +18,7 @@ import torch
 def average(paths: Sequence[str | Path]) -> dict:
     states = [torch.load(p, map_location="cpu", weights_only=True) for p in paths]
     problems = [f"{p}: config differs from {paths[0]}" for p, s in zip(paths[1:], states[1:])
-                if s["config"] != states[0]["config"]]
+                if s["config"] != states[0]["config"] or s.get("arch") != states[0].get("arch")]
     keys = set(states[0]["model"])
     problems += [f"{p}: parameter names differ" for p, s in zip(paths[1:], states[1:]) if set(s["model"]) != keys]
     if problems:
@@ -35,7 +35,8 @@ def average(paths: Sequence[str | Path]) -> dict:
             first[ptr] = k
     meta = dict(states[-1].get("meta", {}))
     meta["averaged_from"] = [Path(p).name for p in paths]
-    return {"config": states[0]["config"], "model": model, "meta": meta}
+    arch = {"arch": states[0]["arch"]} if "arch" in states[0] else {}  # a GRU average must load as a GRU
+    return {**arch, "config": states[0]["config"], "model": model, "meta": meta}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -17,23 +17,20 @@ from typing import Sequence
 import sacrebleu
 import torch
 
-from models.core.config import ModelConfig
+from models.checkpoint import Model, load_model
 from models.core.tokenizer import normalize
 from models.search import beam_search, greedy
 from models.core.tokenizer import SubwordTokenizer
-from models.transformer import Transformer
 
 
-def load_checkpoint(path: str | Path, device: str = "cpu") -> tuple[Transformer, SubwordTokenizer, dict]:
+def load_checkpoint(path: str | Path, device: str = "cpu") -> tuple[Model, SubwordTokenizer, dict]:
     """A checkpoint dir-or-file -> (model in eval mode, tokenizer, metadata).
 
+    The model is a Transformer or a GRU, as the checkpoint's "arch" says.
     The tokenizer is looked up beside the checkpoint as tokenizer.json.
     """
     path = Path(path)
-    state = torch.load(path, map_location=device, weights_only=True)
-    model = Transformer(ModelConfig.from_dict(state["config"])).to(device)
-    model.load_state_dict(state["model"])
-    model.eval()
+    model, state = load_model(path, device)
     tok = SubwordTokenizer.load(path.parent / "tokenizer.json")
     if tok.vocab_size != model.cfg.vocab_size:
         raise ValueError(f"tokenizer has {tok.vocab_size} tokens, model expects {model.cfg.vocab_size}")
@@ -45,7 +42,7 @@ def _pad(batch: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
     return torch.tensor([list(x) + [pad_id] * (width - len(x)) for x in batch], dtype=torch.long)
 
 
-def translate(model: Transformer, tok: SubwordTokenizer, texts: Sequence[str], beam: int = 1,
+def translate(model: Model, tok: SubwordTokenizer, texts: Sequence[str], beam: int = 1,
               alpha: float = 1.0, max_tokens: int = 4000, progress: bool = False) -> list[str]:
     """Translate texts in length-sorted batches; output order follows input order."""
     ids = tok.encode_batch([normalize(t) for t in texts])

@@ -3,10 +3,17 @@
 This is the reference the ONNX Runtime decoder (export/) and the serving
 engine are checked against, token for token. The KV cache is preallocated
 per call (gpt-fast style) and written in place one step at a time.
+
+The search loops see a model only through a decoder session (`open_session`):
+`step(tokens)` feeds one token per row and returns the next-token logits,
+`reorder(rows)` keeps row rows[i] as row i. The Transformer's session wraps
+its KV cache here; a model with its own recurrent state (models/gru.py)
+provides `init_state`, `decode_step(tokens, state)` and `reorder_state`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Protocol, Union
 
 import torch
 from torch import Tensor
@@ -14,6 +21,18 @@ from torch import Tensor
 from models.core.config import max_output_len
 from models.transformer import Transformer
 
+
+class StatefulModel(Protocol):
+    """The search interface of a model that carries its decoder state itself (models/gru.py)."""
+    cfg: Any
+
+    def encode(self, src_ids: Tensor, src_mask: Tensor) -> Tensor: ...
+    def init_state(self, memory: Tensor, src_mask: Tensor) -> Any: ...
+    def decode_step(self, tokens: Tensor, state: Any) -> tuple[Tensor, Any]: ...
+    def reorder_state(self, state: Any, rows: Tensor) -> Any: ...
+
+
+SearchModel = Union[Transformer, StatefulModel]
 
 
 class KVCache:
@@ -41,8 +60,85 @@ class KVCache:
         self.v = self.v.index_select(1, rows)
 
 
+class TransformerSession:
+    """The Transformer's decoder state for one search: cross keys/values, source mask, KV cache.
+
+    use_cache=False keeps the fed tokens instead and recomputes the whole
+    prefix every step (the tutorials' way: the parity baseline).
+    """
+
+    def __init__(self, model: Transformer, src_ids: Tensor, capacity: int, use_cache: bool = True):
+        self.model = model
+        self.src_mask = src_ids != model.cfg.pad_id  # (R, S)
+        self.cross_k, self.cross_v = model.cross_kv(model.encode(src_ids, self.src_mask))  # (L, R, H, S, Dh)
+        rows = src_ids.size(0)
+        self.cache = KVCache(model, rows, capacity, src_ids.device) if use_cache else None
+        self.prefix = torch.zeros(rows, 0, dtype=torch.long, device=src_ids.device)  # (R, t) fed so far
+        self.steps = 0
+
+    def step(self, tokens: Tensor) -> Tensor:
+        """tokens (R, 1) -> logits of the next token (R, V)."""
+        rows, dev, model = tokens.size(0), tokens.device, self.model
+        if self.cache is not None:
+            past_k, past_v = self.cache.past()
+            past_mask = torch.ones(rows, self.steps, dtype=torch.bool, device=dev)
+            positions = torch.full((rows, 1), self.steps, dtype=torch.long, device=dev)
+        else:
+            past_k, past_v, past_mask = model.empty_past(rows, dev)
+            self.prefix = torch.cat([self.prefix, tokens], dim=1)
+            tokens = self.prefix
+            positions = torch.arange(self.steps + 1, device=dev).expand(rows, self.steps + 1)
+        logits, new_k, new_v = model.decode_step(tokens, positions, past_k, past_v, past_mask,
+                                                 self.cross_k, self.cross_v, self.src_mask)
+        if self.cache is not None:
+            self.cache.append(new_k, new_v)
+        self.steps += 1
+        return logits[:, -1]
+
+    def reorder(self, rows: Tensor) -> None:
+        self.cross_k, self.cross_v = self.cross_k.index_select(1, rows), self.cross_v.index_select(1, rows)
+        self.src_mask = self.src_mask.index_select(0, rows)
+        self.prefix = self.prefix.index_select(0, rows)
+        if self.cache is not None:
+            self.cache.reorder(rows)
+
+
+class StatefulSession:
+    """The same two calls over a model that carries its own decoder state (StatefulModel)."""
+
+    def __init__(self, model: StatefulModel, src_ids: Tensor, use_cache: bool = True):
+        self.model = model
+        src_mask = src_ids != model.cfg.pad_id
+        self.state = model.init_state(model.encode(src_ids, src_mask), src_mask)
+        self.initial = None if use_cache else self.state  # recompute mode restarts from here every step
+        self.prefix = torch.zeros(src_ids.size(0), 0, dtype=torch.long, device=src_ids.device)
+
+    def step(self, tokens: Tensor) -> Tensor:
+        """tokens (R, 1) -> logits of the next token (R, V)."""
+        if self.initial is None:
+            logits, self.state = self.model.decode_step(tokens, self.state)
+        else:
+            self.prefix = torch.cat([self.prefix, tokens], dim=1)
+            logits, _ = self.model.decode_step(self.prefix, self.initial)
+        return logits[:, -1]
+
+    def reorder(self, rows: Tensor) -> None:
+        self.state = self.model.reorder_state(self.state, rows)
+        self.prefix = self.prefix.index_select(0, rows)
+        if self.initial is not None:
+            self.initial = self.model.reorder_state(self.initial, rows)
+
+
+def open_session(model: SearchModel, src_ids: Tensor, capacity: int,
+                 use_cache: bool = True) -> Union[TransformerSession, StatefulSession]:
+    """A decoder session over right-padded src_ids (R, S) for at most `capacity` steps."""
+    if hasattr(model, "init_state"):
+        return StatefulSession(model, src_ids, use_cache)
+    return TransformerSession(model, src_ids, capacity, use_cache)
+
+
 @torch.no_grad()
-def greedy(model: Transformer, src_ids: Tensor, max_len: int | None = None, use_cache: bool = True,
+def greedy(model: SearchModel, src_ids: Tensor, max_len: int | None = None, use_cache: bool = True,
            min_len: int = 0) -> list[list[int]]:
     """Batched greedy decoding. src_ids (B, S) right-padded. Returns ids without BOS/EOS.
 
@@ -53,26 +149,11 @@ def greedy(model: Transformer, src_ids: Tensor, max_len: int | None = None, use_
     cfg = model.cfg
     b, s = src_ids.shape
     max_len = max_len or max_output_len(s, cfg.max_positions - 1)
-    src_mask = src_ids != cfg.pad_id
-    cross_k, cross_v = model.cross_kv(model.encode(src_ids, src_mask))
-    cache = KVCache(model, b, max_len, src_ids.device) if use_cache else None
+    session = open_session(model, src_ids, max_len, use_cache)
     prefix = torch.full((b, 1), cfg.bos_id, dtype=torch.long, device=src_ids.device)
     finished = torch.zeros(b, dtype=torch.bool, device=src_ids.device)
     for step in range(max_len):
-        if cache is not None:
-            past_k, past_v = cache.past()
-            past_mask = torch.ones(b, step, dtype=torch.bool, device=src_ids.device)
-            tokens = prefix[:, -1:]
-            positions = torch.full((b, 1), step, dtype=torch.long, device=src_ids.device)
-        else:
-            past_k, past_v, past_mask = model.empty_past(b, src_ids.device)
-            tokens = prefix
-            positions = torch.arange(step + 1, device=src_ids.device).expand(b, step + 1)
-        logits, new_k, new_v = model.decode_step(tokens, positions, past_k, past_v, past_mask,
-                                                 cross_k, cross_v, src_mask)
-        if cache is not None:
-            cache.append(new_k, new_v)
-        last = logits[:, -1]
+        last = session.step(prefix[:, -1:])  # (B, V)
         if step < min_len:
             last = last.index_fill(1, torch.tensor([cfg.eos_id], device=last.device), float("-inf"))
         nxt = last.argmax(-1)
@@ -105,7 +186,7 @@ class Hypothesis:
 
 
 @torch.no_grad()
-def beam_search(model: Transformer, src_ids: Tensor, beam: int = 5, alpha: float = 1.0,
+def beam_search(model: SearchModel, src_ids: Tensor, beam: int = 5, alpha: float = 1.0,
                 max_len: int | None = None, n_best: int = 1) -> list[list[Hypothesis]]:
     """Batched beam search; returns the n_best finished hypotheses per sentence, best first.
 
@@ -119,12 +200,8 @@ def beam_search(model: Transformer, src_ids: Tensor, beam: int = 5, alpha: float
     k = beam
     max_len = max_len or max_output_len(s, cfg.max_positions - 1)
     dev = src_ids.device
-    src_mask = src_ids != cfg.pad_id
-    cross_k, cross_v = model.cross_kv(model.encode(src_ids, src_mask))
-    rows = torch.arange(b, device=dev).repeat_interleave(k)  # (B*K,) sentence of each row
-    cross_k, cross_v = cross_k.index_select(1, rows), cross_v.index_select(1, rows)  # (L, B*K, H, S, Dh)
-    src_mask = src_mask.index_select(0, rows)
-    cache = KVCache(model, b * k, max_len, dev)
+    session = open_session(model, src_ids, max_len)
+    session.reorder(torch.arange(b, device=dev).repeat_interleave(k))  # (B*K,) rows: K copies of each sentence
     scores = torch.full((b, k), float("-inf"), device=dev)
     scores[:, 0] = 0.0  # only the first beam is live at step 0, so no duplicates
     tokens = torch.full((b * k,), cfg.bos_id, dtype=torch.long, device=dev)
@@ -133,13 +210,7 @@ def beam_search(model: Transformer, src_ids: Tensor, beam: int = 5, alpha: float
     active = [True] * b
     vocab = cfg.vocab_size
     for step in range(max_len):
-        past_k, past_v = cache.past()
-        past_mask = torch.ones(b * k, step, dtype=torch.bool, device=dev)
-        positions = torch.full((b * k, 1), step, dtype=torch.long, device=dev)
-        logits, new_k, new_v = model.decode_step(tokens[:, None], positions, past_k, past_v, past_mask,
-                                                 cross_k, cross_v, src_mask)
-        cache.append(new_k, new_v)
-        logp = logits[:, -1].float().log_softmax(-1).view(b, k, vocab)
+        logp = session.step(tokens[:, None]).float().log_softmax(-1).view(b, k, vocab)
         cand = (scores[:, :, None] + logp).view(b, k * vocab)  # (B, K*V)
         top_scores, top_idx = cand.topk(2 * k, dim=1)  # (B, 2K)
         last = step == max_len - 1
@@ -171,7 +242,7 @@ def beam_search(model: Transformer, src_ids: Tensor, beam: int = 5, alpha: float
         if not any(active):
             break
         flat_parents = (torch.arange(b, device=dev)[:, None] * k + parents).view(-1)  # (B*K,)
-        cache.reorder(flat_parents)
+        session.reorder(flat_parents)
         tokens = next_tokens.view(-1)
         history = torch.cat([history.index_select(0, flat_parents), tokens[:, None]], dim=1)
         scores = next_scores

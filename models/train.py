@@ -6,6 +6,10 @@
 Writes into --out: tokenizer.json, last.pt (with optimizer state, for
 --resume), epoch_NNN.pt and best.pt (weights + config only; best by
 validation BLEU), train.jsonl (one JSON object per log line) and curve.png.
+
+--arch gru trains the GRU + additive attention baseline (models/gru.py) with
+everything else unchanged: data, tokenizer, loss, optimizer, schedule,
+validation, checkpoints (which record the architecture for models.evaluate).
 """
 from __future__ import annotations
 
@@ -22,11 +26,12 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from models.checkpoint import ARCHS, Model, arch_of, build_model
 from models.core.config import PRESETS, preset
 from models.data import load_pairs, token_batches
 from models.evaluate import bleu, translate
 from models.core.tokenizer import SubwordTokenizer, train_tokenizer
-from models.transformer import Transformer
+from models.gru import GRU_PRESETS, gru_preset
 
 
 def inverse_sqrt(step: int, warmup: int) -> float:
@@ -56,7 +61,7 @@ def loss_fn(logits: torch.Tensor, target: torch.Tensor, pad_id: int, smoothing: 
 
 
 @torch.no_grad()
-def validation_loss(model: Transformer, data, batches, pad_id: int, bos_id: int) -> float:
+def validation_loss(model: Model, data, batches, pad_id: int, bos_id: int) -> float:
     model.eval()
     total, count = 0.0, 0
     for idx in batches:
@@ -93,7 +98,11 @@ def plot_curve(log_path: Path, png_path: Path) -> None:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="small", choices=sorted(PRESETS))
+    p.add_argument("--arch", default="transformer", choices=ARCHS,
+                   help="transformer (default), or gru: the bidirectional GRU encoder + GRU decoder with "
+                        "additive (Bahdanau) attention baseline of models/gru.py, trained the same way")
+    p.add_argument("--preset", default="small", choices=sorted(set(PRESETS) | set(GRU_PRESETS)),
+                   help=f"model size; transformer: {', '.join(sorted(PRESETS))}; gru: {', '.join(sorted(GRU_PRESETS))}")
     p.add_argument("--corpus", default="multi30k", choices=["multi30k", "tatoeba"])
     p.add_argument("--src", default="en")
     p.add_argument("--tgt", default="de")
@@ -108,7 +117,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--weight-decay", type=float, default=1e-4)
     p.add_argument("--label-smoothing", type=float, default=0.1)
     p.add_argument("--dropout", type=float, help="override the preset's dropout")
-    p.add_argument("--attn-dropout", type=float, help="override the preset's attention dropout")
+    p.add_argument("--attn-dropout", type=float, help="override the preset's attention dropout (transformer only)")
     p.add_argument("--clip", type=float, default=1.0)
     p.add_argument("--precision", default="bf16", choices=["fp32", "bf16"],
                    help="bf16 autocast for the forward pass (master weights stay fp32); "
@@ -119,7 +128,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--keep-epochs", type=int, default=5, help="epoch_NNN.pt files kept")
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--resume", action="store_true", help="continue from OUT/last.pt")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.preset not in (GRU_PRESETS if args.arch == "gru" else PRESETS):
+        p.error(f"--preset {args.preset} is not a {args.arch} preset")
+    if args.arch == "gru" and args.attn_dropout is not None:
+        p.error("--attn-dropout applies to the transformer only")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -146,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides["dropout"] = args.dropout
     if args.attn_dropout is not None:
         overrides["attn_dropout"] = args.attn_dropout
-    cfg = preset(args.preset, **overrides)
+    cfg = gru_preset(args.preset, **overrides) if args.arch == "gru" else preset(args.preset, **overrides)
     limit = cfg.max_positions
 
     def encode(pairs):
@@ -159,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     val_batches = token_batches([len(x) for x, _ in val_data], [len(y) for _, y in val_data],
                                 args.max_tokens, shuffle=False)
 
-    model = Transformer(cfg)
+    model = build_model(args.arch, cfg.to_dict())
     decay = [p for n, p in model.named_parameters() if p.dim() > 1 and "embed" not in n]
     no_decay = [p for n, p in model.named_parameters() if p.dim() <= 1 or "embed" in n]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
@@ -170,6 +184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     log_path = out / "train.jsonl"
     if args.resume and (out / "last.pt").exists():
         state = torch.load(out / "last.pt", map_location="cpu", weights_only=False)
+        if state.get("arch", "transformer") != args.arch:
+            raise SystemExit(f"{out / 'last.pt'} is a {state.get('arch', 'transformer')} run, not --arch {args.arch}")
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
@@ -182,15 +198,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     with log_path.open("a") as f:  # every start (fresh or resumed) is on record
         f.write(json.dumps({"kind": "start", "step": step, "epoch": start_epoch, "args": vars(args),
                             "torch_threads": torch.get_num_threads()}) + "\n")
-    print(f"{cfg.n_enc_layers}+{cfg.n_dec_layers} layers, d_model {cfg.d_model}: "
-          f"{model.num_parameters():,} parameters; {len(train_data):,} train pairs", file=sys.stderr)
+    print(f"{args.arch} {args.preset}: {model.num_parameters():,} parameters; {len(train_data):,} train pairs",
+          file=sys.stderr)
 
     def log(row: dict) -> None:
         with log_path.open("a") as f:
             f.write(json.dumps(row) + "\n")
 
     def weights(meta: dict) -> dict:
-        return {"config": cfg.to_dict(), "model": model.state_dict(), "meta": meta}
+        return {"arch": arch_of(model), "config": cfg.to_dict(), "model": model.state_dict(), "meta": meta}
 
     for epoch in range(start_epoch, args.epochs + 1):
         model.train()
@@ -229,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         hyps = translate(model, tok, [p.src for p in val_pairs])
         val_bleu = bleu(hyps, [p.tgt for p in val_pairs]).score
         meta = {"epoch": epoch, "step": step, "val_loss": val_loss, "val_bleu_greedy": val_bleu,
-                "corpus": args.corpus, "src_lang": args.src, "tgt_lang": args.tgt, "preset": args.preset,
+                "corpus": args.corpus, "src_lang": args.src, "tgt_lang": args.tgt, "arch": args.arch, "preset": args.preset,
                 "args": vars(args)}
         torch.save(weights(meta), out / f"epoch_{epoch:03d}.pt")
         stale = sorted(out.glob("epoch_*.pt"))[: -args.keep_epochs] if args.keep_epochs > 0 else []

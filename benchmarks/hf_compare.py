@@ -84,7 +84,8 @@ def start(kind: str, paths: dict, args) -> tuple[subprocess.Popen, str]:
     if kind == "ours":
         cmd = [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port), "--metrics-port", "-1",
                "--model-repository", paths["repo"], "--max-queue-size", "4096",
-               "--max-batch-size", str(args.max_batch_size)]
+               "--max-batch-size", str(args.max_batch_size),
+               "--runaway-guard", "false"]  # random weights with EOS suppressed loop by design
     else:
         cmd = [sys.executable, "-m", "benchmarks.ct2_server", "--model", paths["ct2"], "--bundle", paths["bundle"],
                "--port", str(port), "--threads", str(args.ct2_threads), "--compute-type", "float32",

@@ -166,6 +166,7 @@ async def progress(rec: Recorder, rss: Optional[RssSampler], stop: asyncio.Event
 
 async def run(args, argv: list[str]) -> dict:
     flags = ["--max-queue-size", str(args.max_queue_size), "--grace-period-s", str(args.grace_period),
+             "--max-sentences-per-request", str(args.max_queue_size),
              *shlex.split(args.server_args)]
     server = None
     if args.target is None:

@@ -38,6 +38,18 @@ def options(beam_size: int = 0, length_penalty: Optional[float] = None, temperat
     return o
 
 
+SPLIT_MODES = {"on": pb.SPLIT_SENTENCES_ON, "off": pb.SPLIT_SENTENCES_OFF, "newlines": pb.SPLIT_SENTENCES_NEWLINES}
+
+
+def split_mode(value: str | int) -> int:
+    """"on" | "off" | "newlines" (or the enum value) -> pb.SplitSentences."""
+    if isinstance(value, int):
+        return value
+    if value not in SPLIT_MODES:
+        raise ValueError(f"split_sentences must be one of {sorted(SPLIT_MODES)} (got {value!r})")
+    return SPLIT_MODES[value]
+
+
 def _backoff(attempt: int, base: float) -> float:
     return base * (2 ** attempt) * (0.5 + random.random() / 2)
 
@@ -75,17 +87,20 @@ class TranslatorClient:
 
     def translate(self, texts: Sequence[str], model: str = "", timeout: Optional[float] = None,
                   return_scores: bool = False, return_tokens: bool = False, source_language: str = "",
-                  target_language: str = "", **decoding) -> pb.TranslateResponse:
+                  target_language: str = "", split_sentences: str | int = "on", mime_type: str = "",
+                  **decoding) -> pb.TranslateResponse:
         req = pb.TranslateRequest(model=model, texts=list(texts), options=options(**decoding),
                                   return_scores=return_scores, return_tokens=return_tokens,
-                                  source_language=source_language, target_language=target_language)
+                                  source_language=source_language, target_language=target_language,
+                                  split_sentences=split_mode(split_sentences), mime_type=mime_type)
         return self._call(self.stub.Translate, req, timeout)
 
     def translate_stream(self, text: str, model: str = "", timeout: Optional[float] = None,
-                         source_language: str = "", target_language: str = "",
-                         **decoding) -> Iterator[pb.TranslateStreamResponse]:
+                         source_language: str = "", target_language: str = "", split_sentences: str | int = "on",
+                         mime_type: str = "", **decoding) -> Iterator[pb.TranslateStreamResponse]:
         req = pb.TranslateStreamRequest(model=model, text=text, options=options(**decoding),
-                                        source_language=source_language, target_language=target_language)
+                                        source_language=source_language, target_language=target_language,
+                                        split_sentences=split_mode(split_sentences), mime_type=mime_type)
         return self.stub.TranslateStream(req, timeout=self.timeout if timeout is None else timeout)
 
     def embed(self, texts: Sequence[str], model: str = "", normalize: bool = False,
@@ -137,17 +152,20 @@ class AsyncTranslatorClient:
 
     async def translate(self, texts: Sequence[str], model: str = "", timeout: Optional[float] = None,
                         return_scores: bool = False, return_tokens: bool = False, source_language: str = "",
-                  target_language: str = "", **decoding) -> pb.TranslateResponse:
+                  target_language: str = "", split_sentences: str | int = "on", mime_type: str = "",
+                  **decoding) -> pb.TranslateResponse:
         req = pb.TranslateRequest(model=model, texts=list(texts), options=options(**decoding),
                                   return_scores=return_scores, return_tokens=return_tokens,
-                                  source_language=source_language, target_language=target_language)
+                                  source_language=source_language, target_language=target_language,
+                                  split_sentences=split_mode(split_sentences), mime_type=mime_type)
         return await self._call(self.stub.Translate, req, timeout)
 
     def translate_stream(self, text: str, model: str = "", timeout: Optional[float] = None,
-                         source_language: str = "", target_language: str = "",
-                         **decoding) -> AsyncIterator[pb.TranslateStreamResponse]:
+                         source_language: str = "", target_language: str = "", split_sentences: str | int = "on",
+                         mime_type: str = "", **decoding) -> AsyncIterator[pb.TranslateStreamResponse]:
         req = pb.TranslateStreamRequest(model=model, text=text, options=options(**decoding),
-                                        source_language=source_language, target_language=target_language)
+                                        source_language=source_language, target_language=target_language,
+                                        split_sentences=split_mode(split_sentences), mime_type=mime_type)
         return self.stub.TranslateStream(req, timeout=self.timeout if timeout is None else timeout)
 
     async def embed(self, texts: Sequence[str], model: str = "", normalize: bool = False,

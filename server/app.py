@@ -61,7 +61,7 @@ class TranslationServer:
             raise ValueError(f"--default-model {default!r} is not in {sorted(self.models)}")
         self.executor = ThreadPoolExecutor(cfg.workers, thread_name_prefix="nmt-prep")
         self.service = TranslatorService(self.models, default, cfg.max_texts_per_request, cfg.max_text_chars,
-                                         self.metrics, self.executor)
+                                         self.metrics, self.executor, cfg.max_sentences_per_request)
         # Oversized messages are refused by grpc before they are parsed (RESOURCE_EXHAUSTED).
         self.server = grpc.aio.server(options=[("grpc.max_receive_message_length", cfg.max_request_bytes)])
         add_translator_service(self.service, self.server)

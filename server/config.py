@@ -27,11 +27,17 @@ HELP = {
     "max_batch_tokens": "source tokens per encoder pass; >= --max-source-tokens",
     "max_encode_padding": "admitted texts are encoded in length groups padded at most this share; in [0, 1)",
     "max_queue_delay_ms": "with nothing running, wait this long for company before encoding a lone arrival; >= 0",
-    "max_queue_size": "texts waiting per model; a request that does not fit gets RESOURCE_EXHAUSTED; "
-                      ">= --max-texts-per-request",
+    "max_queue_size": "sentences waiting per model; a request that does not fit gets RESOURCE_EXHAUSTED; "
+                      ">= --max-sentences-per-request",
     "stream_interval": "streams: the first token at once, then a message every N tokens; >= 1",
     "max_texts_per_request": "texts in one Translate or Embed call; >= 1",
-    "max_text_chars": "characters per text, checked before tokenisation; >= 1",
+    "max_text_chars": "characters per text (a text may be a whole document), checked before splitting; >= 1",
+    "max_sentences_per_request": "sentences (decoded sequences) in one Translate/TranslateStream call, all its "
+                                 "texts together; >= --max-texts-per-request",
+    "runaway_guard": "stop a decode whose output loops or outgrows its source, finish reason RUNAWAY (true/false)",
+    "runaway_min_span": "runaway guard: a loop is one n-gram (1-6 tokens) repeated back to back over at least "
+                        "this many tokens (and at least 3 times); >= 2",
+    "runaway_length_ratio": "runaway guard: stop past this many output tokens per source token (+16); > 0",
     "max_request_bytes": "largest request message accepted (bigger ones get RESOURCE_EXHAUSTED unparsed); >= 1",
     "max_source_tokens": "source tokens per text (capped by the model's positions); >= 1",
     "max_output_tokens": "generated tokens per text (capped by the model's positions); >= 1",
@@ -61,10 +67,11 @@ class ServerConfig:
     max_batch_tokens: int = 4096  # source tokens per encoder pass
     max_encode_padding: float = 0.15  # admitted texts are encoded in groups padded at most this much
     max_queue_delay_ms: float = 0.0  # idle engine: wait this long for company before encoding (Triton's default: 0)
-    max_queue_size: int = 256  # texts waiting per model; beyond: RESOURCE_EXHAUSTED
+    max_queue_size: int = 1024  # sentences waiting per model; beyond: RESOURCE_EXHAUSTED
     stream_interval: int = 1  # streams: first token at once, then a message every N tokens
     max_texts_per_request: int = 64
-    max_text_chars: int = 10_000  # per text, checked before tokenisation (256 tokens fit in far fewer)
+    max_text_chars: int = 50_000  # per text (a document), checked before splitting
+    max_sentences_per_request: int = 512
     max_request_bytes: int = 4 << 20  # gRPC receive limit; larger messages get RESOURCE_EXHAUSTED unparsed
     max_source_tokens: int = 256
     max_output_tokens: int = 256
@@ -74,6 +81,9 @@ class ServerConfig:
     workers: int = 4  # threads for the handlers' blocking work (validation, tokenisation), off the event loop
     watchdog_s: float = 30.0  # no engine step for this long with work waiting: NOT_SERVING, fail requests, exit 3
     warmup: bool = True
+    runaway_guard: bool = True
+    runaway_min_span: int = 12
+    runaway_length_ratio: float = 3.0
 
     @classmethod
     def parser(cls) -> argparse.ArgumentParser:
@@ -107,12 +117,17 @@ class ServerConfig:
         out = []
         for name in ("port", "max_batch_size", "max_batch_tokens", "max_queue_size", "stream_interval",
                      "max_texts_per_request", "max_text_chars", "max_request_bytes", "max_source_tokens",
-                     "max_output_tokens", "max_beam_size", "max_hypotheses", "workers"):
+                     "max_output_tokens", "max_beam_size", "max_hypotheses", "workers", "max_sentences_per_request"):
             if getattr(self, name) < (0 if name == "port" else 1):
                 out.append(f"--{_flag(name)} must be >= {0 if name == 'port' else 1} (got {getattr(self, name)})")
-        if self.max_queue_size < self.max_texts_per_request:
-            out.append(f"--max-queue-size {self.max_queue_size} is below --max-texts-per-request "
-                       f"{self.max_texts_per_request}: a legal request could never be queued")
+        if self.max_queue_size < self.max_sentences_per_request:
+            out.append(f"--max-queue-size {self.max_queue_size} is below --max-sentences-per-request "
+                       f"{self.max_sentences_per_request}: a legal request could never be queued")
+        if self.max_sentences_per_request < self.max_texts_per_request:
+            out.append(f"--max-sentences-per-request {self.max_sentences_per_request} is below "
+                       f"--max-texts-per-request {self.max_texts_per_request}")
+        if self.runaway_min_span < 2 or not self.runaway_length_ratio > 0:
+            out.append("--runaway-min-span must be >= 2 and --runaway-length-ratio > 0")
         if self.max_batch_tokens < self.max_source_tokens:
             out.append(f"--max-batch-tokens {self.max_batch_tokens} is below --max-source-tokens "
                        f"{self.max_source_tokens}: a legal text could never be encoded")

@@ -5,6 +5,7 @@ output budget), so every limit is enforced before anything is queued.
 """
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Callable, Optional
 
@@ -14,10 +15,14 @@ from models.core.kv_cache import SlotCache
 from models.core.runtime import OnnxModel, RuntimeOptions, keep_freed_memory
 from models.core.tokenizer import load_tokenizer, normalize
 from server.config import ServerConfig
+from server.documents.html import plan_html
+from server.documents.plan import MIME_HTML, DocumentOptions, Plan
+from server.documents.segment import plan_text
 from server.engine import Engine
 from server.errors import InvalidArgument, shown
 from server.loop import EngineLoop
 from server.metrics import Metrics
+from server.runaway import RunawayGuard
 from server.request import DecodingParams, EmbedJob, ErrorEvent, Event, FinishEvent, GenerationRules, Job
 from server.scheduler import Scheduler
 
@@ -26,6 +31,9 @@ class HostedModel:
     def __init__(self, bundle: Bundle, cfg: ServerConfig, metrics: Metrics):
         self.bundle, self.cfg, self.name = bundle, cfg, bundle.name
         self.tok = load_tokenizer(bundle.tokenizer_entry, bundle.path)
+        # Planning measures each sentence in tokens, then the jobs tokenise it: once is enough.
+        # (The ids are never mutated: callers build new lists around them.)
+        self._encode = functools.lru_cache(maxsize=8192)(self.tok.encode)
         keep_freed_memory()
         self.runtime = OnnxModel(bundle, RuntimeOptions(variant=cfg.variant, provider=cfg.provider, decoder=cfg.decoder,
                                                         intra_op_threads=cfg.intra_op_threads,
@@ -41,7 +49,8 @@ class HostedModel:
         self.scheduler = Scheduler(self.name, self.cache, metrics, spec.eos_id,
                                    max_queue=cfg.max_queue_size, max_encode_tokens=cfg.max_batch_tokens,
                                    max_encode_batch=cfg.max_batch_size, stream_interval=cfg.stream_interval,
-                                   rules=rules)
+                                   rules=rules, guard=RunawayGuard(cfg.runaway_guard, min_span=cfg.runaway_min_span,
+                                                                   length_ratio=cfg.runaway_length_ratio))
         self.engine = Engine(self.name, self.runtime, self.cache, metrics, cfg.max_encode_padding)
         self.loop = EngineLoop(self.scheduler, self.engine, cfg.max_queue_delay_ms / 1000.0)
         for gauge in (metrics.running, metrics.waiting, metrics.kv_usage):
@@ -97,15 +106,33 @@ class HostedModel:
         return [], ()
 
     # -- requests ------------------------------------------------------------------
-    def encode_texts(self, texts: list[str], prefix: Optional[list[int]] = None) -> list[list[int]]:
+    def plan(self, texts: list[str], options: DocumentOptions, languages: tuple[str, str] = ("", "")) -> list[Plan]:
+        """Each text split into the sentences to decode, with its layout kept (server/documents/)."""
+        prefix, _ = self.language_tokens(*languages)
+        budget = self.max_source - len(prefix)
+
+        def fits(sentence: str) -> bool:
+            return len(self._encode(sentence)) <= budget
+        language = languages[0] or self.bundle.source_language
+        empty = [i for i, text in enumerate(texts) if not normalize(text)]
+        if empty:
+            raise InvalidArgument(f"texts[{empty[0]}] is empty" + (f" (and {len(empty) - 1} more)" if empty[1:] else ""))
+        if options.mime_type == MIME_HTML:
+            return [plan_html(text, options.split, language, fits) for text in texts]
+        return [plan_text(text, options.split, language, fits) for text in texts]
+
+    def encode_texts(self, texts: list[str], prefix: Optional[list[int]] = None,
+                     labels: Optional[list[str]] = None) -> list[list[int]]:
         problems, out = [], []
         for i, text in enumerate(texts):
+            label = labels[i] if labels else f"texts[{i}]"
             if not normalize(text):
-                problems.append(f"texts[{i}] is empty")
+                problems.append(f"{label} is empty")
                 continue
-            ids = (prefix or []) + self.tok.encode(text)
+            ids = (prefix or []) + list(self._encode(text))
             if len(ids) > self.max_source:
-                problems.append(f"texts[{i}] is {len(ids)} tokens long; the limit is {self.max_source}")
+                problems.append(f"{label} is {len(ids)} tokens long; the limit is {self.max_source}"
+                                + (" (send it with split_sentences on)" if labels else ""))
             out.append(ids)
         if problems:
             raise InvalidArgument("; ".join(problems))
@@ -138,13 +165,13 @@ class HostedModel:
 
     def jobs(self, texts: list[str], params: DecodingParams, sink: Callable[[Event], None] | list,
              deadline: Optional[float], scores: bool = False, stream: bool = False,
-             languages: tuple[str, str] = ("", "")) -> list[Job]:
+             languages: tuple[str, str] = ("", ""), labels: Optional[list[str]] = None) -> list[Job]:
         """Validated jobs for texts; `sink` is one callable for all, or one per text."""
         params = self.check_params(params)
         prefix, forced = self.language_tokens(*languages)
         sinks = sink if isinstance(sink, list) else [sink] * len(texts)
         out = []
-        for ids, s in zip(self.encode_texts(texts, prefix), sinks):
+        for ids, s in zip(self.encode_texts(texts, prefix, labels), sinks):
             budget = params.max_output_tokens or max_output_len(len(ids), self.max_output)
             out.append(Job(self.name, ids, params, min(budget, self.max_output - len(forced)), s, deadline,
                            scores=scores, stream=stream, forced=forced))

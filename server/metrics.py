@@ -14,6 +14,7 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+SENTENCE_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
 class Metrics:
@@ -48,6 +49,14 @@ class Metrics:
                                      buckets=STEP_BUCKETS, registry=r)
         self.step_time = Histogram("nmt_decode_step_duration_seconds", "Decoder step duration (all rows).",
                                    ["model"], buckets=STEP_BUCKETS, registry=r)
+        self.guarded_rows = Counter("nmt_runaway_stopped_total",
+                                    "Decodes stopped by the runaway guard (looping or outgrowing the source).",
+                                    ["model"], registry=r)
+        self.document_sentences = Histogram("nmt_request_sentences", "Sentences decoded per Translate/TranslateStream "
+                                            "request (all its texts).", ["model"], buckets=SENTENCE_BUCKETS,
+                                            registry=r)
+        self.split_time = Histogram("nmt_sentence_split_duration_seconds", "Time to split a request's texts into "
+                                    "sentences (and tokenise them).", ["model"], buckets=STEP_BUCKETS, registry=r)
         self.stream_messages = Counter("nmt_stream_messages_total",
                                        "TranslateStream messages sent; each carries one or more tokens.",
                                        ["model"], registry=r)
@@ -66,7 +75,7 @@ class ModelMetrics:
 
     PER_MODEL = ("queue_time", "ttft", "inter_token", "e2e", "input_tokens", "output_tokens", "output_length",
                  "running", "waiting", "kv_usage", "decode_batch", "encode_batch", "padding", "encode_time",
-                 "step_time", "stream_messages")
+                 "step_time", "stream_messages", "guarded_rows", "document_sentences", "split_time")
 
     def __init__(self, metrics: Metrics, model: str):
         for name in self.PER_MODEL:

@@ -22,6 +22,7 @@ class FinishReason(enum.Enum):
     EOS = "eos"
     LENGTH = "length"
     CANCELLED = "cancelled"
+    RUNAWAY = "runaway"  # stopped by the runaway guard (server/runaway.py)
 
 
 @dataclass(frozen=True)

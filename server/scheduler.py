@@ -25,6 +25,7 @@ from models.core.kv_cache import Row, SlotCache
 from server.errors import Cancelled, DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable
 from server.metrics import Metrics
 from server.request import EmbedJob, ErrorEvent, FinishEvent, FinishReason, GenerationRules, Hypothesis, Job, TokenEvent
+from server.runaway import RunawayGuard
 from server.sampler import make_rng, sample_token
 
 
@@ -37,6 +38,7 @@ class Running:
     logprob: list[float] = field(default_factory=list)
     live: list[bool] = field(default_factory=list)
     ended_by_eos: list[bool] = field(default_factory=list)
+    guarded: list[bool] = field(default_factory=list)  # stopped by the runaway guard
     rngs: list = field(default_factory=list)
     unsent: list[int] = field(default_factory=list)  # streamed tokens held for the next TokenEvent
     step: int = 0
@@ -56,11 +58,13 @@ class StepPlan:
 class Scheduler:
     def __init__(self, model: str, cache: SlotCache, metrics: Metrics, eos_id: int,
                  max_queue: int = 256, max_encode_tokens: int = 4096, max_encode_batch: int = 64,
-                 stream_interval: int = 1, rules: Optional[GenerationRules] = None):
+                 stream_interval: int = 1, rules: Optional[GenerationRules] = None,
+                 guard: Optional[RunawayGuard] = None):
         self.model, self.cache, self.m = model, cache, metrics.for_model(model)
         self.eos_id = eos_id
         self.rules = rules or GenerationRules(eos_id)
         self.suppress = list(self.rules.suppress_ids)
+        self.guard = guard or RunawayGuard()
         # Each stream message costs ~100 us of gRPC CPU on both ends (docs/benchmarks/serving_load.md);
         # under load, sending every N tokens buys that CPU back for decoding.
         self.stream_interval = max(1, stream_interval)
@@ -148,7 +152,7 @@ class Scheduler:
         else:
             n = len(rows)
             state.tokens, state.logprob = [[] for _ in range(n)], [0.0] * n
-            state.live, state.ended_by_eos = [True] * n, [False] * n
+            state.live, state.ended_by_eos, state.guarded = [True] * n, [False] * n, [False] * n
             state.rngs = [make_rng(p.seed, i) if p.sampling else None for i in range(n)]
         self.running.append(state)
         self.m.input_tokens.inc(len(job.src_ids))
@@ -208,6 +212,9 @@ class Scheduler:
                     state.unsent.append(tok)
                 if len(state.tokens[i]) >= job.max_len:
                     state.live[i] = False
+                elif self.guard.tripped(state.tokens[i], len(job.src_ids)):
+                    state.live[i], state.guarded[i] = False, True
+                    self.m.guarded_rows.inc()
             if not state.live[i]:
                 finished_rows.append(row)
         if forced:
@@ -223,7 +230,9 @@ class Scheduler:
         if not any(state.live):
             hyps = [Hypothesis(t, lp) for t, lp in zip(state.tokens, state.logprob)]
             order = sorted(range(len(hyps)), key=lambda i: -hyps[i].score) if len(hyps) > 1 else [0]
-            reason = FinishReason.EOS if state.ended_by_eos[0] else FinishReason.LENGTH
+            first = order[0]
+            reason = FinishReason.EOS if state.ended_by_eos[first] else \
+                FinishReason.RUNAWAY if state.guarded[first] else FinishReason.LENGTH
             self._finish(state, [hyps[i] for i in order], reason, now)
 
     def _beam_update(self, state: Running, logits: np.ndarray, now: float) -> None:
@@ -243,12 +252,17 @@ class Scheduler:
         parents, tokens = state.beam.advance(logp, state.step, last)
         if state.step >= n_forced:
             self._observe_token(job, now)
+        guarded = not state.beam.finished and self.guard.tripped(state.beam.history[0][n_forced:], len(job.src_ids))
+        if guarded:  # the best live beam loops: end with what the beam has
+            state.beam.stop(state.step)
+            self.m.guarded_rows.inc()
         if state.beam.finished:
             best = [dataclasses.replace(h, tokens=h.tokens[n_forced:])
                     for h in state.beam.best(job.params.num_hypotheses)]
             if job.stream:
                 job.sink(TokenEvent(best[0].tokens))
-            reason = FinishReason.EOS if best[0].finished_by_eos else FinishReason.LENGTH
+            reason = FinishReason.EOS if best[0].finished_by_eos else \
+                FinishReason.RUNAWAY if guarded else FinishReason.LENGTH
             self._to_release.extend(state.rows)
             self._finish(state, [Hypothesis(h.tokens, h.score) for h in best], reason, now)
             return

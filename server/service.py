@@ -19,12 +19,13 @@ import numpy as np
 
 from protos.nmt.v1 import translator_pb2 as pb
 from protos.nmt.v1 import translator_pb2_grpc as pb_grpc
-from server.detok import IncrementalDetokenizer
+from server.documents.assemble import DocumentResult, DocumentStream, assemble
+from server.documents.plan import MIME_PLAIN, SPLIT_NEWLINES, SPLIT_OFF, SPLIT_ON, DocumentOptions, Plan
 from server.errors import InvalidArgument, NotFound, ServiceError, Unavailable, bounded, shown
 from server.hosted import HostedModel
 from server.metrics import Metrics
 from server.relay import relay_for
-from server.request import DecodingParams, ErrorEvent, FinishEvent, FinishReason, TokenEvent
+from server.request import DecodingParams, ErrorEvent, Event, FinishEvent, FinishReason, TokenEvent
 from server.wire import Malformed
 
 try:  # raised by grpc when a status or message is sent on a call that is already over
@@ -36,7 +37,15 @@ except ImportError:  # pragma: no cover (moved in some grpc release: nothing to 
 log = logging.getLogger(__name__)
 
 FINISH = {FinishReason.EOS: pb.FINISH_REASON_EOS, FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
-          FinishReason.CANCELLED: pb.FINISH_REASON_CANCELLED}
+          FinishReason.CANCELLED: pb.FINISH_REASON_CANCELLED, FinishReason.RUNAWAY: pb.FINISH_REASON_RUNAWAY}
+SPLIT = {pb.SPLIT_SENTENCES_UNSPECIFIED: SPLIT_ON, pb.SPLIT_SENTENCES_ON: SPLIT_ON,
+         pb.SPLIT_SENTENCES_OFF: SPLIT_OFF, pb.SPLIT_SENTENCES_NEWLINES: SPLIT_NEWLINES}
+
+
+def document_options(split: int, mime_type: str) -> DocumentOptions:
+    if split not in SPLIT:
+        raise InvalidArgument(f"unknown split_sentences value {split}")
+    return DocumentOptions(SPLIT[split], mime_type.strip().lower() or MIME_PLAIN).check()
 
 
 def decoding_params(o: pb.DecodingOptions) -> DecodingParams:
@@ -88,6 +97,11 @@ async def _run(model: HostedModel, jobs: list, futures: list[asyncio.Future]) ->
         raise
 
 
+def _tagged(put: Callable, index: int, event: Event) -> None:
+    """A document's sentence i reports to the stream's one queue as (i, event)."""
+    put((index, event))
+
+
 def timings(t) -> pb.Timings:
     s = t.seconds()
     return pb.Timings(queue_seconds=s["queue"], first_token_seconds=s["first_token"], total_seconds=s["total"])
@@ -132,9 +146,9 @@ async def _abort(context, code: grpc.StatusCode, message: str) -> grpc.StatusCod
 
 class TranslatorService(pb_grpc.TranslatorServicer):
     def __init__(self, models: dict[str, HostedModel], default: str, max_texts: int, max_text_chars: int,
-                 metrics: Metrics, executor: Optional[Executor] = None):
+                 metrics: Metrics, executor: Optional[Executor] = None, max_sentences: int = 512):
         self.models, self.default, self.max_texts, self.metrics = models, default, max_texts, metrics
-        self.max_text_chars = max_text_chars
+        self.max_text_chars, self.max_sentences = max_text_chars, max_sentences
         # Tokenisation and validation run here, never on the event loop: a request of many long
         # texts took seconds there and stalled every other RPC, health checks included.
         self.executor = executor
@@ -205,26 +219,53 @@ class TranslatorService(pb_grpc.TranslatorServicer):
     async def Translate(self, request: pb.TranslateRequest, context) -> pb.TranslateResponse:
         return await self._guard("Translate", request, context, lambda: self._translate(request, context))
 
+    async def _plan(self, model: HostedModel, texts: list[str], split: int, mime_type: str,
+                    languages: tuple[str, str], params: DecodingParams) -> tuple[list[Plan], list[str]]:
+        """Texts -> documents split into sentences (off the loop), with the request-level limits."""
+        options = document_options(split, mime_type)
+        model.check_params(params)
+        t0 = time.perf_counter()
+        plans = await self._off_loop(model.plan, texts, options, languages)
+        model.scheduler.m.split_time.observe(time.perf_counter() - t0)
+        labels = [f"texts[{i}]" + (f" sentence {j}" if len(plan.units) > 1 else "")
+                  for i, plan in enumerate(plans) for j in range(len(plan.units))]
+        model.scheduler.m.document_sentences.observe(len(labels))
+        if len(labels) > self.max_sentences:
+            raise InvalidArgument(f"the request's texts hold {len(labels)} sentences; the limit is "
+                                  f"{self.max_sentences} per request (send fewer or shorter texts)")
+        return plans, labels
+
     async def _translate(self, request: pb.TranslateRequest, context) -> pb.TranslateResponse:
         model = self._model(request.model, request.source_language, request.target_language)
         texts = self._texts(request.texts)
-        futures, sinks = _futures(len(texts))
-        jobs = await self._off_loop(model.jobs, texts, decoding_params(request.options), sinks,
-                                    deadline_of(context), scores=request.return_scores,
-                                    languages=(request.source_language, request.target_language))
-        results: list[FinishEvent] = await _run(model, jobs, futures)
+        params, languages = decoding_params(request.options), (request.source_language, request.target_language)
+        plans, labels = await self._plan(model, texts, request.split_sentences, request.mime_type, languages, params)
+        sources = [unit.source for plan in plans for unit in plan.units]
+        futures, sinks = _futures(len(sources))
+        jobs = await self._off_loop(model.jobs, sources, params, sinks, deadline_of(context),
+                                    scores=request.return_scores, languages=languages, labels=labels)
+        results: list[FinishEvent] = await _run(model, jobs, futures) if jobs else []
         out = pb.TranslateResponse(model=model.name)
-        for res in results:
-            t = out.translations.add(finish_reason=FINISH[res.reason], input_tokens=res.input_tokens,
-                                     output_tokens=len(res.hypotheses[0].token_ids), timings=timings(res.timing))
-            for h in res.hypotheses:
-                hyp = t.hypotheses.add(text=model.tok.decode(h.token_ids))
-                if request.return_scores:
-                    hyp.score = h.score
-                if request.return_tokens:
-                    hyp.token_ids.extend(h.token_ids)
-                    hyp.tokens.extend(model.tok.piece(i) for i in h.token_ids)
+        start = 0
+        for plan in plans:
+            done = results[start:start + len(plan.units)]
+            start += len(plan.units)
+            self._add_translation(out, model, assemble(plan, done, model.tok), request)
         return out
+
+    @staticmethod
+    def _add_translation(out: pb.TranslateResponse, model: HostedModel, doc: DocumentResult,
+                         request: pb.TranslateRequest) -> None:
+        t = out.translations.add(finish_reason=FINISH[doc.reason], input_tokens=doc.input_tokens,
+                                 output_tokens=doc.output_tokens, timings=timings(doc.timing),
+                                 sentences=doc.sentences)
+        for h in doc.hypotheses:
+            hyp = t.hypotheses.add(text=h.text)
+            if request.return_scores:
+                hyp.score = h.score
+            if request.return_tokens:
+                hyp.token_ids.extend(h.token_ids)
+                hyp.tokens.extend(model.tok.piece(i) for i in h.token_ids)
 
     async def TranslateStream(self, request: pb.TranslateStreamRequest, context) -> None:
         # Written with context.write rather than yield, so errors pass through _guard like the unary RPCs.
@@ -238,45 +279,48 @@ class TranslatorService(pb_grpc.TranslatorServicer):
 
     async def _stream(self, request: pb.TranslateStreamRequest, context) -> AsyncIterator:
         model = self._model(request.model, request.source_language, request.target_language)
-        params = decoding_params(request.options)
+        params, languages = decoding_params(request.options), (request.source_language, request.target_language)
         if params.num_hypotheses != 1:
             raise InvalidArgument("streaming returns one hypothesis: num_hypotheses must be 0 or 1")
+        texts = self._texts([request.text] if request.text else [])
+        (plan,), labels = await self._plan(model, texts, request.split_sentences, request.mime_type, languages,
+                                           params)
         events: asyncio.Queue = asyncio.Queue()
         relay = relay_for(asyncio.get_running_loop())
-        (job,) = await self._off_loop(model.jobs, self._texts([request.text] if request.text else []), params,
-                                      relay.sink(events.put_nowait), deadline_of(context), stream=True,
-                                      languages=(request.source_language, request.target_language))
-        model.scheduler.submit([job])
-        detok = IncrementalDetokenizer(model.tok)
-        finished = False
+        sinks = [relay.sink(partial(_tagged, events.put_nowait, i)) for i in range(len(labels))]
+        jobs = await self._off_loop(model.jobs, [u.source for u in plan.units], params, sinks, deadline_of(context),
+                                    stream=True, languages=languages, labels=labels)
+        if jobs:
+            model.scheduler.submit(jobs)
+        doc = DocumentStream(plan, model.tok)
         try:
-            unsent: list[int] = []  # received, but no visible text yet: rides along with the next message
-            while True:
-                event, ids = await events.get(), []
+            unsent: list[int] = []  # released, but no visible text yet: rides along with the next message
+            delta = doc.ready()  # the layout before the first sentence (all of it when nothing needs decoding)
+            while not doc.done:
                 # Take whatever piled up: a slow reader gets it in one message, not one write each.
-                while isinstance(event, TokenEvent):
-                    ids += event.token_ids
-                    event = events.get_nowait() if not events.empty() else None
-                if isinstance(event, ErrorEvent):
-                    raise event.error
-                unsent += ids
-                if event is None:
-                    delta = detok.push(ids)
-                    if delta:
-                        yield pb.TranslateStreamResponse(delta=delta, token_ids=unsent, model=model.name)
-                        unsent = []
-                    continue
-                # The end: tokens that arrived with the FinishEvent go out in the final message.
-                finished = True
-                yield pb.TranslateStreamResponse(
-                    delta=detok.push(ids) + detok.finish(), token_ids=unsent, final=True,
-                    finish_reason=FINISH[event.reason], input_tokens=event.input_tokens,
-                    output_tokens=len(event.hypotheses[0].token_ids), timings=timings(event.timing),
-                    model=model.name)
-                return
+                i, event = await events.get()
+                while True:
+                    if isinstance(event, ErrorEvent):
+                        raise event.error
+                    delta += doc.tokens(i, event.token_ids) if isinstance(event, TokenEvent) \
+                        else doc.finished(i, event)
+                    if events.empty():
+                        break
+                    i, event = events.get_nowait()
+                unsent += doc.take_released()
+                if delta and not doc.done:
+                    yield pb.TranslateStreamResponse(delta=delta, token_ids=unsent, model=model.name)
+                    unsent, delta = [], ""
+            res = doc.result()
+            unsent += doc.take_released()
+            yield pb.TranslateStreamResponse(
+                delta=delta, token_ids=unsent, final=True, finish_reason=FINISH[res.reason],
+                input_tokens=res.input_tokens, output_tokens=res.output_tokens, timings=timings(res.timing),
+                model=model.name)
         finally:
-            if not finished:
-                job.cancel()
+            if not doc.done:
+                for job in jobs:
+                    job.cancel()
 
     async def Embed(self, request: pb.EmbedRequest, context) -> pb.EmbedResponse:
         return await self._guard("Embed", request, context, lambda: self._embed(request, context))

@@ -90,9 +90,9 @@ def test_long_text_refused_before_tokenisation(server, client, monkeypatch):
     model = server.app.models[MODEL]
     seen = []
     monkeypatch.setattr(model, "encode_texts", lambda texts: seen.append(texts) or [])
-    err = rpc_error(lambda: client.translate(["A dog.", "y" * 10_001]))
+    err = rpc_error(lambda: client.translate(["A dog.", "y" * 50_001]))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "longer than 10000 characters" in err.details() and "texts[1]" in err.details()
+    assert "longer than 50000 characters" in err.details() and "texts[1]" in err.details()
     assert seen == []  # refused on its size alone
 
 
@@ -132,7 +132,7 @@ def test_long_unknown_model_name_is_not_found_with_a_short_message(client, size)
 def test_contradictory_settings_refused_at_start_up():
     with pytest.raises(ConfigError) as err:
         ServerThread(max_queue_size=16, max_batch_tokens=32, metrics_port=-1).start()
-    assert "--max-queue-size 16 is below --max-texts-per-request 64" in str(err.value)
+    assert "--max-queue-size 16 is below --max-sentences-per-request 512" in str(err.value)
     assert "--max-batch-tokens 32 is below --max-source-tokens 256" in str(err.value)
     proc = subprocess.run([sys.executable, "-m", "server", "--max-queue-size", "16", "--port", "0"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)

@@ -156,7 +156,8 @@ def _generate(reference, name: str, texts: list[str], lang: str, beams: int) -> 
 def test_server_output_equals_generate_greedy_and_beam_in_a_shared_batch(repo, reference):
     from client import TranslatorClient
     texts = hf_models.test_sentences(N_SENTENCES)
-    srv = ServerThread(model_repository=str(repo), default_model="marian", warmup=False).start()
+    # transformers has no runaway guard, and these tiny models repeat themselves: compare without it
+    srv = ServerThread(model_repository=str(repo), default_model="marian", warmup=False, runaway_guard=False).start()
     try:
         with TranslatorClient(srv.target, timeout=300, retries=0) as client:
             stop = threading.Event()

@@ -190,7 +190,7 @@ def test_bad_input_gets_clear_errors_and_server_keeps_serving(server, client):
     cases = [
         (lambda: client.translate([]), INVALID, "texts is empty"),
         (lambda: client.translate(["ok", "  "]), INVALID, "texts[1] is empty"),
-        (lambda: client.translate(["word " * 400]), INVALID, "the limit is 256"),
+        (lambda: client.translate(["word " * 400], split_sentences="off"), INVALID, "the limit is 256"),
         (lambda: client.translate(["a"] * 65), INVALID, "the limit is 64"),
         (lambda: client.translate(["a"], beam_size=9), INVALID, "beam_size 9 exceeds the limit 8"),
         (lambda: client.translate(["a"], temperature=0.5, beam_size=2), INVALID, "cannot be combined"),
@@ -256,7 +256,8 @@ def test_metrics_move(server, client):
 def test_overload_is_refused_at_once(client):
     """A queue of 2 with the engine held: exactly 2 calls wait, the other 10 are refused with
     RESOURCE_EXHAUSTED while the engine is still held (so at once), and the 2 complete after."""
-    tight = ServerThread(max_batch_size=2, max_queue_size=2, max_texts_per_request=2, warmup=False).start()
+    tight = ServerThread(max_batch_size=2, max_queue_size=2, max_texts_per_request=2, max_sentences_per_request=2,
+                         warmup=False).start()
     try:
         model = tight.app.models["multi30k-en-de-small"]
         with TranslatorClient(tight.target, timeout=60, retries=0) as c, EngineGate(model) as gate:

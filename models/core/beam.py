@@ -91,5 +91,13 @@ class BeamState:
         self.scores = next_scores
         return parents, tokens
 
+    def stop(self, step: int) -> None:
+        """End now (the runaway guard): live beams join the finished ones, scored as if they ended here."""
+        for seq, score in zip(self.history, self.scores.tolist()):
+            if score > -np.inf:
+                self.done.append(Hypothesis(list(seq), score / max(step + 1, 1) ** self.alpha, False))
+        self.done = sorted(self.done, key=lambda h: -h.score)[:self.beam]
+        self.finished = True
+
     def best(self, n: int = 1) -> list[Hypothesis]:
         return sorted(self.done, key=lambda h: -h.score)[:n]

@@ -13,10 +13,23 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_EOS: _ClassVar[FinishReason]
     FINISH_REASON_LENGTH: _ClassVar[FinishReason]
     FINISH_REASON_CANCELLED: _ClassVar[FinishReason]
+    FINISH_REASON_RUNAWAY: _ClassVar[FinishReason]
+
+class SplitSentences(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SPLIT_SENTENCES_UNSPECIFIED: _ClassVar[SplitSentences]
+    SPLIT_SENTENCES_ON: _ClassVar[SplitSentences]
+    SPLIT_SENTENCES_OFF: _ClassVar[SplitSentences]
+    SPLIT_SENTENCES_NEWLINES: _ClassVar[SplitSentences]
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_EOS: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_CANCELLED: FinishReason
+FINISH_REASON_RUNAWAY: FinishReason
+SPLIT_SENTENCES_UNSPECIFIED: SplitSentences
+SPLIT_SENTENCES_ON: SplitSentences
+SPLIT_SENTENCES_OFF: SplitSentences
+SPLIT_SENTENCES_NEWLINES: SplitSentences
 
 class DecodingOptions(_message.Message):
     __slots__ = ("beam_size", "length_penalty", "temperature", "top_k", "top_p", "seed", "max_output_tokens", "num_hypotheses")
@@ -39,7 +52,7 @@ class DecodingOptions(_message.Message):
     def __init__(self, beam_size: _Optional[int] = ..., length_penalty: _Optional[float] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., max_output_tokens: _Optional[int] = ..., num_hypotheses: _Optional[int] = ...) -> None: ...
 
 class TranslateRequest(_message.Message):
-    __slots__ = ("model", "texts", "options", "return_scores", "return_tokens", "source_language", "target_language")
+    __slots__ = ("model", "texts", "options", "return_scores", "return_tokens", "source_language", "target_language", "split_sentences", "mime_type")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TEXTS_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
@@ -47,6 +60,8 @@ class TranslateRequest(_message.Message):
     RETURN_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SOURCE_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
     TARGET_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_SENTENCES_FIELD_NUMBER: _ClassVar[int]
+    MIME_TYPE_FIELD_NUMBER: _ClassVar[int]
     model: str
     texts: _containers.RepeatedScalarFieldContainer[str]
     options: DecodingOptions
@@ -54,7 +69,9 @@ class TranslateRequest(_message.Message):
     return_tokens: bool
     source_language: str
     target_language: str
-    def __init__(self, model: _Optional[str] = ..., texts: _Optional[_Iterable[str]] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., return_scores: _Optional[bool] = ..., return_tokens: _Optional[bool] = ..., source_language: _Optional[str] = ..., target_language: _Optional[str] = ...) -> None: ...
+    split_sentences: SplitSentences
+    mime_type: str
+    def __init__(self, model: _Optional[str] = ..., texts: _Optional[_Iterable[str]] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., return_scores: _Optional[bool] = ..., return_tokens: _Optional[bool] = ..., source_language: _Optional[str] = ..., target_language: _Optional[str] = ..., split_sentences: _Optional[_Union[SplitSentences, str]] = ..., mime_type: _Optional[str] = ...) -> None: ...
 
 class Timings(_message.Message):
     __slots__ = ("queue_seconds", "first_token_seconds", "total_seconds")
@@ -79,18 +96,20 @@ class Hypothesis(_message.Message):
     def __init__(self, text: _Optional[str] = ..., score: _Optional[float] = ..., token_ids: _Optional[_Iterable[int]] = ..., tokens: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Translation(_message.Message):
-    __slots__ = ("hypotheses", "finish_reason", "input_tokens", "output_tokens", "timings")
+    __slots__ = ("hypotheses", "finish_reason", "input_tokens", "output_tokens", "timings", "sentences")
     HYPOTHESES_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    SENTENCES_FIELD_NUMBER: _ClassVar[int]
     hypotheses: _containers.RepeatedCompositeFieldContainer[Hypothesis]
     finish_reason: FinishReason
     input_tokens: int
     output_tokens: int
     timings: Timings
-    def __init__(self, hypotheses: _Optional[_Iterable[_Union[Hypothesis, _Mapping]]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ...) -> None: ...
+    sentences: int
+    def __init__(self, hypotheses: _Optional[_Iterable[_Union[Hypothesis, _Mapping]]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., sentences: _Optional[int] = ...) -> None: ...
 
 class TranslateResponse(_message.Message):
     __slots__ = ("model", "translations")
@@ -101,18 +120,22 @@ class TranslateResponse(_message.Message):
     def __init__(self, model: _Optional[str] = ..., translations: _Optional[_Iterable[_Union[Translation, _Mapping]]] = ...) -> None: ...
 
 class TranslateStreamRequest(_message.Message):
-    __slots__ = ("model", "text", "options", "source_language", "target_language")
+    __slots__ = ("model", "text", "options", "source_language", "target_language", "split_sentences", "mime_type")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     SOURCE_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
     TARGET_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_SENTENCES_FIELD_NUMBER: _ClassVar[int]
+    MIME_TYPE_FIELD_NUMBER: _ClassVar[int]
     model: str
     text: str
     options: DecodingOptions
     source_language: str
     target_language: str
-    def __init__(self, model: _Optional[str] = ..., text: _Optional[str] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., source_language: _Optional[str] = ..., target_language: _Optional[str] = ...) -> None: ...
+    split_sentences: SplitSentences
+    mime_type: str
+    def __init__(self, model: _Optional[str] = ..., text: _Optional[str] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., source_language: _Optional[str] = ..., target_language: _Optional[str] = ..., split_sentences: _Optional[_Union[SplitSentences, str]] = ..., mime_type: _Optional[str] = ...) -> None: ...
 
 class TranslateStreamResponse(_message.Message):
     __slots__ = ("delta", "token_ids", "final", "finish_reason", "input_tokens", "output_tokens", "timings", "model")

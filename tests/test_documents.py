@@ -250,3 +250,32 @@ def test_split_modes_through_the_server(stub):
     counts = {mode: stub.Translate(pb.TranslateRequest(texts=[text], split_sentences=mode)).translations[0].sentences
               for mode in (pb.SPLIT_SENTENCES_ON, pb.SPLIT_SENTENCES_NEWLINES, pb.SPLIT_SENTENCES_OFF)}
     assert counts == {pb.SPLIT_SENTENCES_ON: 3, pb.SPLIT_SENTENCES_NEWLINES: 2, pb.SPLIT_SENTENCES_OFF: 1}
+
+
+LOOPING = ["A film crew films a young African boy in a yellow shirt.",  # "Ein Filmmmmmmmmm..." (test set, greedy)
+           "An Oriental traveler awaits his turn at the currency exchange.",  # "Ein Oriotototot..."
+           "I'm fit.", "I love my life."]  # Tatoeba, out of domain: "I I I I I ..."
+
+
+def test_runaway_guard_stops_loops_through_the_server(stub, server):
+    before = server.metric("nmt_runaway_stopped_total", model="multi30k-en-de-small", missing_ok=True)
+    guarded = stub.Translate(pb.TranslateRequest(texts=LOOPING)).translations
+    stopped = [t for t in guarded if t.finish_reason == pb.FINISH_REASON_RUNAWAY]
+    assert len(stopped) >= 3, [t.hypotheses[0].text for t in guarded]
+    assert all(t.output_tokens <= 24 for t in stopped)  # cut within a few words of the loop starting
+    assert server.settled_metric("nmt_runaway_stopped_total", before + len(stopped), model="multi30k-en-de-small")
+    streamed = [list(stub.TranslateStream(pb.TranslateStreamRequest(text=t)))[-1] for t in LOOPING]
+    assert [m.finish_reason for m in streamed] == [t.finish_reason for t in guarded]
+    beam = stub.Translate(pb.TranslateRequest(texts=LOOPING, options=pb.DecodingOptions(beam_size=4)))
+    assert all(t.hypotheses[0].text for t in beam.translations)
+
+
+def test_the_guard_can_be_turned_off():
+    srv = ServerThread(metrics_port=-1, runaway_guard=False, warmup=False).start()
+    try:
+        with grpc.insecure_channel(srv.target) as channel:
+            out = pb_grpc.TranslatorStub(channel).Translate(pb.TranslateRequest(texts=LOOPING)).translations
+        assert not any(t.finish_reason == pb.FINISH_REASON_RUNAWAY for t in out)
+        assert max(t.output_tokens for t in out) > 24
+    finally:
+        srv.stop()

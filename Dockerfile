@@ -1,14 +1,22 @@
-# CPU image: the serving runtime only (no torch), the shipped model repository baked in.
+# CPU image: the serving runtime only (no torch), run as an unprivileged user (uid 10001). The
+# shipped model repository is baked in at /app/model_repository, a volume: mount another one there
+# (or anywhere, with NMT_MODEL_REPOSITORY) to serve other models. See docs/deployment.md.
 #   docker build -t nmt-serve .
 #   docker run -p 50051:50051 -p 9090:9090 nmt-serve
+#   docker run -p 50051:50051 -v /srv/models:/app/model_repository:ro nmt-serve
 FROM python:3.11-slim
 
 WORKDIR /app
 ENV PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
     NMT_HOST=0.0.0.0 \
     NMT_PORT=50051 \
     NMT_METRICS_PORT=9090 \
-    NMT_MODEL_REPOSITORY=/app/model_repository
+    NMT_MODEL_REPOSITORY=/app/model_repository \
+    NMT_LAME_DUCK_S=5 \
+    NMT_GRACE_PERIOD_S=20
+RUN groupadd --system --gid 10001 nmt \
+    && useradd --system --uid 10001 --gid nmt --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin nmt
 
 COPY pyproject.toml README.md ./
 COPY protos/ protos/
@@ -18,10 +26,14 @@ COPY models/__init__.py models/
 COPY models/core/ models/core/
 RUN pip install --no-cache-dir ".[serve]"
 COPY model_repository/ model_repository/
+VOLUME ["/app/model_repository"]
 
+USER 10001:10001
 EXPOSE 50051 9090
+# Follows the configured port (the NMT_PORT variable, as docker run -e sets it).
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s \
-    CMD python -m client --target localhost:50051 health || exit 1
-# SIGTERM (docker stop) drains in-flight requests within NMT_GRACE_PERIOD_S.
+    CMD python -m client --target "localhost:${NMT_PORT}" health || exit 1
+# SIGTERM (docker stop): NMT_LAME_DUCK_S of NOT_SERVING while still serving, then in-flight work
+# drains within NMT_GRACE_PERIOD_S; give docker stop more than both (docker stop -t 30).
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["python", "-m", "server"]

@@ -1,9 +1,12 @@
 # Everything a fresh machine needs, in two commands:
-#   make serve                     # install into .venv, serve the shipped model (gRPC :50051, metrics :9090)
-#   make test                      # install into .venv, run the test suite
+#   make serve                     # install the serving runtime only (no torch) into .venv, serve the
+#                                  # shipped model (gRPC :50051, metrics :9090); SERVE_ARGS="--port 6000"
+#   make test                      # install everything into .venv, run the test suite
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 EXTRAS ?= train,export,serve,dev,bench
+SERVE_EXTRAS ?= serve
+SERVE_ARGS ?=
 TEXT   ?= A man is riding a bike.
 
 .PHONY: install serve test translate clean protos
@@ -19,8 +22,16 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
 	touch $@
 
-serve: install
-	$(PY) -m server
+# Serving needs neither torch nor the training, export and test tools: the `serve` extra alone.
+# (After `make test` the same .venv has everything; this then installs nothing new.)
+$(VENV)/.serve-installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[$(SERVE_EXTRAS)]"
+	touch $@
+
+serve: $(VENV)/.serve-installed
+	$(PY) -m server $(SERVE_ARGS)
 
 test: install
 	$(PY) -m ruff check .

@@ -4,24 +4,51 @@
     python -m client embed "A dog." "A cat." [--normalize]
     python -m client models
     python -m client health
+    python -m client translate-file INPUT [-o OUTPUT] [--target a:50051,b:50051] [--concurrency 8]
+        (text, JSONL or TSV; resumable; see docs/translate_file.md)
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Sequence
 
 import grpc
 
+from client.balancing import POLICIES, Balancing
 from client.client import TranslatorClient
+
+
+def add_security_arguments(p: argparse.ArgumentParser) -> None:
+    """TLS and API-key options (docs/security.md). The key comes from NMT_API_KEY by default: a key given
+    with --api-key shows in the process list and the shell history."""
+    g = p.add_argument_group("security")
+    g.add_argument("--tls", action="store_true", help="TLS with the system's root certificates")
+    g.add_argument("--ca-file", help="PEM root certificate(s) to trust for the server (implies TLS)")
+    g.add_argument("--cert-file", help="client certificate chain, PEM (mutual TLS; with --key-file)")
+    g.add_argument("--key-file", help="client private key, PEM")
+    g.add_argument("--server-name", help="name to expect in the server's certificate, if not the target's host")
+    g.add_argument("--api-key", default=os.environ.get("NMT_API_KEY"),
+                   help="sent as metadata 'authorization: Bearer KEY' (default: env NMT_API_KEY)")
+
+
+def security_kwargs(args: argparse.Namespace) -> dict:
+    return dict(tls=args.tls, ca_file=args.ca_file, cert_file=args.cert_file, key_file=args.key_file,
+                server_name=args.server_name, api_key=args.api_key)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m client", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", default="localhost:50051", help="server host:port")
+    p.add_argument("--target", default="localhost:50051",
+                   help="server (or balancer) host:port; several replicas: a comma-separated list, dns:///name:port "
+                        "(every address of the name) or ipv4:a:p,b:p, balanced round_robin (docs/deployment.md)")
+    p.add_argument("--lb", choices=POLICIES, default="auto",
+                   help="load-balancing policy: auto = round_robin for several replicas, else pick_first")
     p.add_argument("--timeout", type=float, default=30.0, help="deadline in seconds")
+    add_security_arguments(p)
     sub = p.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("translate", help="translate texts (default: one per line on stdin)")
     t.add_argument("texts", nargs="*")
@@ -40,13 +67,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     e.add_argument("--normalize", action="store_true")
     sub.add_parser("models", help="list the loaded models")
     sub.add_parser("health", help="the server's health status")
+    from client import translate_file
+    f = sub.add_parser("translate-file", help="translate a file (text, JSONL, TSV): batched, concurrent, resumable",
+                       description=translate_file.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    translate_file.add_arguments(f)
     args = p.parse_args(argv)
+    if args.cmd == "translate-file":
+        return translate_file.main_args(args)
     try:
-        with TranslatorClient(args.target, timeout=args.timeout) as c:
+        with TranslatorClient(args.target, timeout=args.timeout, balancing=Balancing(lb=args.lb),
+                              **security_kwargs(args)) as c:
             return run(c, args)
     except grpc.RpcError as err:
         print(f"error: {err.code().name}: {err.details()}", file=sys.stderr)
         return 1
+    except (OSError, ValueError) as err:  # an unreadable --ca-file, --cert-file without --key-file
+        print(f"error: {err}", file=sys.stderr)
+        return 2
 
 
 def run(c: TranslatorClient, args: argparse.Namespace) -> int:

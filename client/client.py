@@ -7,23 +7,72 @@
             print(msg.delta, end="", flush=True)
 
 Unary calls are retried on UNAVAILABLE (server starting, restarting or
-draining) with exponential back-off, within the call's deadline; streams are
-not retried once a message has arrived.
+draining) with exponential back-off, and on RESOURCE_EXHAUSTED that carries a
+google.rpc.RetryInfo (an API key's rate limit) after the wait the server gave,
+within the call's deadline; streams are not retried once a message has arrived.
+
+TLS: `ca_file` (PEM roots; `tls=True` alone uses the system's), `cert_file` +
+`key_file` for mutual TLS, `server_name` when the certificate names another
+host. `api_key` is sent as `authorization: Bearer KEY` on every call.
 """
 from __future__ import annotations
 
 import asyncio
 import random
 import time
+from pathlib import Path
 from typing import AsyncIterator, Iterator, Optional, Sequence
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from client.balancing import Balancing, channel_args
 from protos.nmt.v1 import translator_pb2 as pb
 from protos.nmt.v1 import translator_pb2_grpc as pb_grpc
 
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE,)
+STATUS_DETAILS = "grpc-status-details-bin"  # a google.rpc.Status (RetryInfo and the like)
+
+
+def channel_credentials(ca_file: Optional[str] = None, cert_file: Optional[str] = None,
+                        key_file: Optional[str] = None) -> grpc.ChannelCredentials:
+    """TLS credentials: roots from `ca_file` (the system's without it); a client certificate (mutual TLS)
+    from `cert_file` + `key_file`."""
+    if bool(cert_file) != bool(key_file):
+        raise ValueError("cert_file and key_file go together (a client certificate needs its key)")
+
+    def read(path: Optional[str]) -> Optional[bytes]:
+        return Path(path).read_bytes() if path else None
+    return grpc.ssl_channel_credentials(root_certificates=read(ca_file), private_key=read(key_file),
+                                        certificate_chain=read(cert_file))
+
+
+def _channel_setup(tls: bool, ca_file: Optional[str], cert_file: Optional[str], key_file: Optional[str],
+                   server_name: Optional[str]) -> tuple[Optional[grpc.ChannelCredentials], list]:
+    """(credentials or None for plaintext, channel options)."""
+    secure = tls or bool(ca_file or cert_file or key_file)
+    options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
+    return (channel_credentials(ca_file, cert_file, key_file) if secure else None), options
+
+
+def auth_metadata(api_key: Optional[str]) -> Optional[tuple]:
+    return (("authorization", f"Bearer {api_key}"),) if api_key else None
+
+
+def retry_delay(err) -> Optional[float]:
+    """The wait in a status's google.rpc.RetryInfo (seconds), or None when the status carries none."""
+    try:
+        from google.rpc import error_details_pb2, status_pb2
+    except ImportError:  # googleapis-common-protos absent: treat as no advice
+        return None
+    trailing = getattr(err, "trailing_metadata", None)
+    for key, value in (trailing() if trailing else None) or ():
+        if key == STATUS_DETAILS:
+            for detail in status_pb2.Status.FromString(value).details:
+                info = error_details_pb2.RetryInfo()
+                if detail.Unpack(info):
+                    return info.retry_delay.ToTimedelta().total_seconds()
+    return None
 
 
 def options(beam_size: int = 0, length_penalty: Optional[float] = None, temperature: float = 0.0, top_k: int = 0,
@@ -54,10 +103,29 @@ def _backoff(attempt: int, base: float) -> float:
     return base * (2 ** attempt) * (0.5 + random.random() / 2)
 
 
+def _pause(err, attempt: int, base: float) -> Optional[float]:
+    """Seconds to wait before retrying `err`, or None: not retried. A full queue's RESOURCE_EXHAUSTED
+    carries no RetryInfo, so only a rate limit that says when is retried."""
+    if err.code() in RETRYABLE:
+        return _backoff(attempt, base)
+    if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return retry_delay(err)
+    return None
+
+
 class TranslatorClient:
     def __init__(self, target: str = "localhost:50051", timeout: Optional[float] = 30.0, retries: int = 3,
-                 backoff: float = 0.1, channel: Optional[grpc.Channel] = None):
-        self.channel = channel or grpc.insecure_channel(target)
+                 backoff: float = 0.1, channel: Optional[grpc.Channel] = None, *, tls: bool = False,
+                 ca_file: Optional[str] = None, cert_file: Optional[str] = None, key_file: Optional[str] = None,
+                 server_name: Optional[str] = None, api_key: Optional[str] = None,
+                 balancing: Optional[Balancing] = None):
+        creds, opts = _channel_setup(tls, ca_file, cert_file, key_file, server_name)
+        # several replicas, gRPC's retry policy (as many retries as `retries` unless `balancing` says), keepalive
+        target, lb_opts = channel_args(target, balancing or Balancing(retries=retries))
+        opts = [*opts, *lb_opts]
+        self.metadata = auth_metadata(api_key)
+        self.channel = channel or (grpc.secure_channel(target, creds, opts) if creds
+                                   else grpc.insecure_channel(target, opts))
         self.stub = pb_grpc.TranslatorStub(self.channel)
         self.health_stub = health_pb2_grpc.HealthStub(self.channel)
         self.timeout, self.retries, self.backoff = timeout, retries, backoff
@@ -77,10 +145,10 @@ class TranslatorClient:
         for attempt in range(self.retries + 1):
             remaining = None if end is None else max(end - time.monotonic(), 0.0)
             try:
-                return method(request, timeout=remaining)
+                return method(request, timeout=remaining, metadata=self.metadata)
             except grpc.RpcError as e:
-                pause = _backoff(attempt, self.backoff)
-                if e.code() not in RETRYABLE or attempt == self.retries or \
+                pause = _pause(e, attempt, self.backoff)
+                if pause is None or attempt == self.retries or \
                         (end is not None and time.monotonic() + pause >= end):
                     raise
                 time.sleep(pause)
@@ -101,7 +169,8 @@ class TranslatorClient:
         req = pb.TranslateStreamRequest(model=model, text=text, options=options(**decoding),
                                         source_language=source_language, target_language=target_language,
                                         split_sentences=split_mode(split_sentences), mime_type=mime_type)
-        return self.stub.TranslateStream(req, timeout=self.timeout if timeout is None else timeout)
+        return self.stub.TranslateStream(req, timeout=self.timeout if timeout is None else timeout,
+                                         metadata=self.metadata)
 
     def embed(self, texts: Sequence[str], model: str = "", normalize: bool = False,
               timeout: Optional[float] = None) -> pb.EmbedResponse:
@@ -113,7 +182,8 @@ class TranslatorClient:
 
     def health(self, service: str = "", timeout: Optional[float] = 5.0) -> str:
         """SERVING / NOT_SERVING / SERVICE_UNKNOWN."""
-        resp = self.health_stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+        resp = self.health_stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout,
+                                      metadata=self.metadata)
         return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
 
 
@@ -121,8 +191,15 @@ class AsyncTranslatorClient:
     """The same calls on grpc.aio, for asyncio services and load generators."""
 
     def __init__(self, target: str = "localhost:50051", timeout: Optional[float] = 30.0, retries: int = 3,
-                 backoff: float = 0.1):
-        self.channel = grpc.aio.insecure_channel(target)
+                 backoff: float = 0.1, *, tls: bool = False, ca_file: Optional[str] = None,
+                 cert_file: Optional[str] = None, key_file: Optional[str] = None, server_name: Optional[str] = None,
+                 api_key: Optional[str] = None, balancing: Optional[Balancing] = None):
+        creds, opts = _channel_setup(tls, ca_file, cert_file, key_file, server_name)
+        target, lb_opts = channel_args(target, balancing or Balancing(retries=retries))
+        opts = [*opts, *lb_opts]
+        self.metadata = auth_metadata(api_key)
+        self.channel = (grpc.aio.secure_channel(target, creds, opts) if creds
+                        else grpc.aio.insecure_channel(target, opts))
         self.stub = pb_grpc.TranslatorStub(self.channel)
         self.health_stub = health_pb2_grpc.HealthStub(self.channel)
         self.timeout, self.retries, self.backoff = timeout, retries, backoff
@@ -142,10 +219,10 @@ class AsyncTranslatorClient:
         for attempt in range(self.retries + 1):
             remaining = None if end is None else max(end - time.monotonic(), 0.0)
             try:
-                return await method(request, timeout=remaining)
+                return await method(request, timeout=remaining, metadata=self.metadata)
             except grpc.aio.AioRpcError as e:
-                pause = _backoff(attempt, self.backoff)
-                if e.code() not in RETRYABLE or attempt == self.retries or \
+                pause = _pause(e, attempt, self.backoff)
+                if pause is None or attempt == self.retries or \
                         (end is not None and time.monotonic() + pause >= end):
                     raise
                 await asyncio.sleep(pause)
@@ -166,7 +243,8 @@ class AsyncTranslatorClient:
         req = pb.TranslateStreamRequest(model=model, text=text, options=options(**decoding),
                                         source_language=source_language, target_language=target_language,
                                         split_sentences=split_mode(split_sentences), mime_type=mime_type)
-        return self.stub.TranslateStream(req, timeout=self.timeout if timeout is None else timeout)
+        return self.stub.TranslateStream(req, timeout=self.timeout if timeout is None else timeout,
+                                         metadata=self.metadata)
 
     async def embed(self, texts: Sequence[str], model: str = "", normalize: bool = False,
                     timeout: Optional[float] = None) -> pb.EmbedResponse:
@@ -177,5 +255,6 @@ class AsyncTranslatorClient:
         return await self._call(self.stub.ListModels, pb.ListModelsRequest(), timeout)
 
     async def health(self, service: str = "", timeout: Optional[float] = 5.0) -> str:
-        resp = await self.health_stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+        resp = await self.health_stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout,
+                                            metadata=self.metadata)
         return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)

@@ -3,25 +3,30 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
-import sys
 from typing import Sequence
 
 from models.core.bundle import BundleError
 from server.app import EXIT_ENGINE_FAILED, ConfigError, TranslationServer
 from server.config import ServerConfig
+from server.observability import logs
+
+log = logging.getLogger("server")
 
 
 async def serve(cfg: ServerConfig) -> int:
     """Serve until SIGTERM/SIGINT (drain, exit 0) or an engine failure (exit EXIT_ENGINE_FAILED)."""
     app = TranslationServer(cfg)
-    await app.start()
-    print(f"nmt-serve: gRPC on {cfg.host}:{app.port}, metrics on :{app.metrics_port or '-'}, "
-          f"models {sorted(app.models)}", file=sys.stderr, flush=True)
+    await app.start()  # logs the "serving" event: ports, models, settings
     loop = asyncio.get_running_loop()
     stopping = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        log.info("%s: stopping", sig.name, extra={"event": "signal", "signal": sig.name})
+        stopping.append(asyncio.ensure_future(app.stop()))
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, lambda: stopping.append(asyncio.ensure_future(app.stop())))
+        loop.add_signal_handler(sig, on_signal, sig)
     await app.wait()
     if stopping:
         await stopping[0]
@@ -30,12 +35,15 @@ async def serve(cfg: ServerConfig) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = ServerConfig.from_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(cfg.log_format, cfg.log_level)  # JSON or text lines on stderr (server/observability/logs.py)
+    log.info("starting nmt-serve", extra={"event": "starting", "pid": os.getpid()})
     try:
-        return asyncio.run(serve(cfg))
+        status = asyncio.run(serve(cfg))
     except (BundleError, ConfigError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        log.error("error: %s", e, extra={"event": "exit", "status": 2})
         return 2
+    log.info("exit %d", status, extra={"event": "exit", "status": status})
+    return status
 
 
 if __name__ == "__main__":

@@ -8,15 +8,18 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from models.core.bundle import discover
 from protos.nmt.v1 import translator_pb2 as pb
 from server.config import ServerConfig
 from server.errors import Unavailable
 from server.hosted import HostedModel
+from server.lifecycle import Health, enable_reflection, server_options
 from server.metrics import Metrics
+from server.observability import tracing
+from server.observability.logs import config_summary
+from server.security.wiring import Security
 from server.service import TranslatorService
 from server.wire import add_translator_service
 
@@ -35,13 +38,16 @@ class TranslationServer:
         self.metrics = Metrics()
         self.models: dict[str, HostedModel] = {}
         self.server: Optional[grpc.aio.Server] = None
-        self.health = health.aio.HealthServicer()
+        self.health = Health(("", SERVICE_NAME))  # readiness names; the "liveness" entry stays up while draining
         self.port = 0
         self.metrics_port = 0
         self._metrics_http = None
         self._stopped = asyncio.Event()
+        self._hurry = asyncio.Event()  # a second stop request ends the lame-duck period early
         self._watchdog: Optional[asyncio.Task] = None
         self.engine_failure: Optional[str] = None  # set by the watchdog; the process then exits non-zero
+        self.tracer: Optional[tracing.RpcTracer] = None  # OpenTelemetry, when configured (server/observability/)
+        self.span_exporter = None  # tests: an OpenTelemetry span exporter to trace into, set before start()
 
     async def start(self) -> int:
         """Load and warm every model, then serve; health turns SERVING last. Returns the bound port."""
@@ -51,32 +57,46 @@ class TranslationServer:
             raise ConfigError("invalid settings: " + "; ".join(problems))
         loop = asyncio.get_running_loop()
         for bundle in discover(cfg.model_repository):
+            t0 = time.perf_counter()
             model = HostedModel(bundle, cfg, self.metrics)
             await loop.run_in_executor(None, model.start)  # warm-up blocks; keep the event loop free
             self.models[bundle.name] = model
+            provider = model.runtime.providers[0]
+            self.metrics.model_loaded(bundle.name, bundle.version, cfg.variant, provider, cfg.max_queue_size)
             log.info("loaded %s v%d (%s -> %s) on %s", bundle.name, bundle.version, bundle.source_language,
-                     bundle.target_language, model.runtime.providers[0])
+                     bundle.target_language, provider,
+                     extra={"event": "model_loaded", "model": bundle.name, "version": bundle.version,
+                            "variant": cfg.variant, "provider": provider, "source_language": bundle.source_language,
+                            "target_language": bundle.target_language, "load_s": round(time.perf_counter() - t0, 3)})
         default = cfg.default_model or sorted(self.models)[0]
         if default not in self.models:
             raise ValueError(f"--default-model {default!r} is not in {sorted(self.models)}")
         self.executor = ThreadPoolExecutor(cfg.workers, thread_name_prefix="nmt-prep")
         self.service = TranslatorService(self.models, default, cfg.max_texts_per_request, cfg.max_text_chars,
                                          self.metrics, self.executor, cfg.max_sentences_per_request)
+        self.tracer = self.service.tracer = tracing.from_config(cfg.otlp_endpoint, self.span_exporter,
+                                                                self.metrics.build["version"])
+        self.security = Security(cfg, self.metrics)  # TLS, API keys, rate limits: server/security/
+        self.security.check_models(self.models)
         # Oversized messages are refused by grpc before they are parsed (RESOURCE_EXHAUSTED).
-        self.server = grpc.aio.server(options=[("grpc.max_receive_message_length", cfg.max_request_bytes)])
+        self.server = grpc.aio.server(options=[("grpc.max_receive_message_length", cfg.max_request_bytes),
+                                               *server_options(cfg)],
+                                      interceptors=self.security.interceptors(SERVICE_NAME,
+                                                                              self.service.model_name_for))
         add_translator_service(self.service, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
-            self.server)
-        self.port = self.server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+        enable_reflection(self.server, [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name])
+        self.port = self.security.bind(self.server, f"{cfg.host}:{cfg.port}")  # TLS only, when configured
         if cfg.metrics_port >= 0:
-            self._metrics_http = self.metrics.serve(cfg.metrics_port, cfg.host)
+            self._metrics_http = self.metrics.serve(cfg.metrics_port, cfg.metrics_host or cfg.host)
             self.metrics_port = self._metrics_http[0].server_port
         await self.server.start()
-        for name in ("", SERVICE_NAME):
-            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        log.info("serving %s on port %d (metrics on %s)", sorted(self.models), self.port, self.metrics_port or "-")
+        self.security.watch_reload_signal(asyncio.get_running_loop())  # SIGHUP: reload --api-keys-file
+        await self.health.serving()
+        log.info("serving %s on port %d (metrics on %s)", sorted(self.models), self.port, self.metrics_port or "-",
+                 extra={"event": "serving", "models": sorted(self.models), "default_model": default,
+                        "grpc_port": self.port, "metrics_port": self.metrics_port or None,
+                        "build": self.metrics.build, "config": config_summary(cfg)})
         self._watchdog = asyncio.create_task(self._watch())
         return self.port
 
@@ -104,16 +124,30 @@ class TranslationServer:
                 error = Unavailable(f"the server's engine failed ({problem}); retry on another replica")
                 for model in self.models.values():
                     model.scheduler.fail_everything(error)
-                await self.stop(grace=0.0)
+                await self.health.enter_graceful_shutdown()  # liveness too: this replica is broken
+                await self.stop(grace=0.0, lame_duck=0.0)
                 return
 
-    async def stop(self, grace: Optional[float] = None) -> None:
-        """NOT_SERVING at once, refuse new work (UNAVAILABLE), let in-flight work finish within the grace period."""
+    async def stop(self, grace: Optional[float] = None, lame_duck: Optional[float] = None) -> None:
+        """NOT_SERVING at once; keep serving new and in-flight requests for the lame-duck period (balancers
+        and health-checking clients move away meanwhile); then refuse new work (UNAVAILABLE) and let
+        in-flight work finish within the grace period. A second call while in lame duck cuts it short."""
         if self._stopped.is_set():
+            self._hurry.set()
             return
         self._stopped.set()
         grace = self.cfg.grace_period_s if grace is None else grace
-        await self.health.enter_graceful_shutdown()
+        lame_duck = self.cfg.lame_duck_s if lame_duck is None else lame_duck
+        await self.health.not_ready()
+        if lame_duck > 0:
+            log.info("lame duck: health NOT_SERVING, still serving for %.1f s", lame_duck,
+                     extra={"event": "lame_duck", "lame_duck_s": lame_duck})
+            try:
+                await asyncio.wait_for(self._hurry.wait(), lame_duck)
+            except asyncio.TimeoutError:
+                pass
+        log.info("refusing new work; draining in-flight work within %.1f s", grace,
+                 extra={"event": "draining", "grace_period_s": grace, "in_flight": self._in_flight()})
         self.service.accepting = False
         loop = asyncio.get_running_loop()
         await asyncio.gather(*(loop.run_in_executor(None, m.stop, grace) for m in self.models.values()))
@@ -121,6 +155,14 @@ class TranslationServer:
         self.executor.shutdown(wait=False, cancel_futures=True)
         if self._metrics_http:
             self._metrics_http[0].shutdown()
+        if self.tracer is not None:  # export the spans still buffered (bounded by the exporter's timeout)
+            await loop.run_in_executor(None, self.tracer.shutdown)
+        log.info("stopped", extra={"event": "stopped", "left_unfinished": self._in_flight(),
+                                   "engine_failure": self.engine_failure})
+
+    def _in_flight(self) -> int:
+        """Texts queued or decoding, all models together."""
+        return sum(len(m.scheduler.waiting) + len(m.scheduler.running) for m in self.models.values())
 
     async def wait(self) -> None:
         await self.server.wait_for_termination()

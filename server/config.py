@@ -3,11 +3,28 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Optional, Sequence
 
-DEFAULT_REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
+CHECKOUT_REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
+# Where `pip install .` puts the shipped bundle (pyproject.toml, [tool.setuptools.data-files]).
+INSTALLED_REPOSITORY = Path(sys.prefix) / "share" / "nmt-serve" / "model_repository"
+
+
+def default_repository() -> Path:
+    """The model repository when neither --model-repository nor NMT_MODEL_REPOSITORY names one, the first
+    that exists of: the source checkout's (running from it, or an editable install), ./model_repository
+    (the current directory), the shipped bundle installed with the package. None: the checkout's path,
+    which the start-up error then names."""
+    for candidate in (CHECKOUT_REPOSITORY, Path.cwd() / "model_repository", INSTALLED_REPOSITORY):
+        if candidate.is_dir():
+            return candidate
+    return CHECKOUT_REPOSITORY
+
+
+DEFAULT_REPOSITORY = default_repository()
 
 
 # What each flag does and what it accepts, as `--help` shows it (with its NMT_* variable and default).
@@ -15,7 +32,8 @@ HELP = {
     "host": "address to bind the gRPC port (and the metrics port) to",
     "port": "gRPC port; 0 picks a free one",
     "metrics_port": "Prometheus /metrics port; 0 picks a free one, -1 turns the endpoint off",
-    "model_repository": "folder of <model>/<version>/ bundles to serve (all of them)",
+    "model_repository": "folder of <model>/<version>/ bundles to serve (all of them); default: the checkout's "
+                        "model_repository, else ./model_repository, else the bundle installed with the package",
     "default_model": "model for requests that name none; empty = the first by name",
     "variant": "bundle graphs to run: fp32, int8 or fp16 (fp16 is for --provider cuda)",
     "provider": "ONNX Runtime execution provider: auto (CUDA when available), cpu or cuda",
@@ -44,10 +62,37 @@ HELP = {
     "max_beam_size": "largest beam_size a request may ask for; >= 1",
     "max_hypotheses": "largest num_hypotheses a request may ask for; >= 1",
     "grace_period_s": "on SIGTERM: seconds in-flight work may take to finish before it is failed; >= 0",
+    "lame_duck_s": "on SIGTERM, first: seconds of health NOT_SERVING while new and in-flight requests are still "
+                   "served, so balancers and clients move away; then the --grace-period-s drain; >= 0",
+    "max_connection_age_ms": "send GOAWAY to a connection this old (gRPC adds +-10%% jitter) so clients reconnect "
+                             "and re-resolve: traffic spreads to replicas added later; 0 = never",
+    "max_connection_age_grace_ms": "after that GOAWAY, calls still running on the connection get this long before "
+                                   "it is closed; 0 = no limit",
+    "keepalive_time_ms": "ping a connection after this long without traffic, to find dead peers; 0 = never",
+    "keepalive_timeout_ms": "close a connection whose keepalive ping is not answered within this; >= 1",
+    "keepalive_min_ping_interval_ms": "clients may ping (without data) at most this often; a client pinging faster "
+                                      "is sent GOAWAY (too_many_pings); >= 0",
+    "keepalive_permit_without_calls": "accept keepalive pings on connections with no call running (true/false)",
     "workers": "threads that validate and tokenise requests off the event loop; >= 1",
     "watchdog_s": "no engine progress for this long with work waiting: NOT_SERVING, requests fail with "
                   "UNAVAILABLE, exit status 3; > 0",
     "warmup": "translate once per model before reporting SERVING (true/false)",
+    # Security (server/security/, docs/security.md).
+    "metrics_host": "address to bind the metrics endpoint to; empty = --host (e.g. 127.0.0.1 or an internal "
+                    "interface: /metrics has no auth)",
+    "tls_cert_file": "PEM certificate chain of the gRPC port; with --tls-key-file the port speaks only TLS",
+    "tls_key_file": "PEM private key (unencrypted) of --tls-cert-file",
+    "tls_client_ca_file": "PEM CA certificate(s): mutual TLS, every client must present a certificate they signed",
+    "api_keys_file": "API keys: lines 'KEY_ID SHA256_HEX [models=a,b] [rpm=N] [tpm=N] [input_tpm=N] "
+                     "[output_tpm=N]'; clients send 'authorization: Bearer KEY'; reloaded on SIGHUP; empty = no auth",
+    "auth_health_and_reflection": "require an API key for grpc.health.v1 and reflection too (true/false)",
+    "auth_metrics_max_keys": "distinct key ids labelled in nmt_auth_requests_total; later ones count as 'other'; "
+                             ">= 0",
+    # Observability (server/observability/, docs/observability.md).
+    "log_format": "log lines on stderr: json (one object per line) or text",
+    "log_level": "lowest level logged: debug, info (with the access log: one line per RPC), warning, error",
+    "otlp_endpoint": "OpenTelemetry traces over OTLP/gRPC to this collector (http://host:4317 for plaintext); "
+                     "empty = OTEL_EXPORTER_OTLP_ENDPOINT, unset too = no tracing; needs the otel extra",
 }
 
 
@@ -78,12 +123,29 @@ class ServerConfig:
     max_beam_size: int = 8
     max_hypotheses: int = 8
     grace_period_s: float = 10.0
+    lame_duck_s: float = 0.0  # SIGTERM: NOT_SERVING but still serving for this long, then the drain
+    max_connection_age_ms: int = 0  # 0 = connections live forever (gRPC's default)
+    max_connection_age_grace_ms: int = 0  # 0 = no limit
+    keepalive_time_ms: int = 60_000
+    keepalive_timeout_ms: int = 20_000
+    keepalive_min_ping_interval_ms: int = 10_000  # the client library pings every 30 s by default
+    keepalive_permit_without_calls: bool = True
     workers: int = 4  # threads for the handlers' blocking work (validation, tokenisation), off the event loop
     watchdog_s: float = 30.0  # no engine step for this long with work waiting: NOT_SERVING, fail requests, exit 3
     warmup: bool = True
     runaway_guard: bool = True
     runaway_min_span: int = 12
     runaway_length_ratio: float = 3.0
+    metrics_host: str = ""  # empty = --host
+    tls_cert_file: str = ""  # TLS on the gRPC port with --tls-key-file (and then no plaintext)
+    tls_key_file: str = ""
+    tls_client_ca_file: str = ""  # mutual TLS: client certificates required and verified
+    api_keys_file: str = ""  # empty = no API keys
+    auth_health_and_reflection: bool = False  # health and reflection open by default (probes carry no key)
+    auth_metrics_max_keys: int = 100
+    log_format: str = "json"  # json | text
+    log_level: str = "info"
+    otlp_endpoint: str = ""  # empty = OTEL_EXPORTER_OTLP_ENDPOINT (or no tracing)
 
     @classmethod
     def parser(cls) -> argparse.ArgumentParser:
@@ -135,13 +197,29 @@ class ServerConfig:
             out.append(f"--max-encode-padding must be in [0, 1) (got {self.max_encode_padding})")
         if self.max_queue_delay_ms < 0 or self.grace_period_s < 0 or self.watchdog_s <= 0:
             out.append("--max-queue-delay-ms and --grace-period-s must be >= 0, --watchdog-s > 0")
+        if self.lame_duck_s < 0:
+            out.append(f"--lame-duck-s must be >= 0 (got {self.lame_duck_s})")
+        for name in ("max_connection_age_ms", "max_connection_age_grace_ms", "keepalive_time_ms",
+                     "keepalive_min_ping_interval_ms"):
+            if getattr(self, name) < 0:
+                out.append(f"--{_flag(name)} must be >= 0 (got {getattr(self, name)})")
+        if self.keepalive_timeout_ms < 1:
+            out.append(f"--keepalive-timeout-ms must be >= 1 (got {self.keepalive_timeout_ms})")
         if self.variant not in ("fp32", "int8", "fp16"):
             out.append(f"--variant must be fp32, int8 or fp16 (got {self.variant!r})")
         if self.decoder not in ("auto", "inplace", "copy"):
             out.append(f"--decoder must be auto, inplace or copy (got {self.decoder!r})")
         if self.provider not in ("auto", "cpu", "cuda"):
             out.append(f"--provider must be auto, cpu or cuda (got {self.provider!r})")
+        if self.log_format not in ("json", "text") or self.log_level.lower() not in _LOG_LEVELS:
+            out.append(f"--log-format must be json or text and --log-level one of {', '.join(_LOG_LEVELS)} "
+                       f"(got {self.log_format!r}, {self.log_level!r})")
+        from server.security.wiring import security_problems  # TLS files, key file lines (with line numbers)
+        out += security_problems(self)
         return out
+
+
+_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 def _flag(name: str) -> str:

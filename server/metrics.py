@@ -7,7 +7,8 @@ run several servers in one process and scrape each one's endpoint.
 """
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (CollectorRegistry, Counter, Gauge, GCCollector, Histogram, PlatformCollector,
+                               ProcessCollector, start_http_server)
 
 STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.0)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -60,6 +61,33 @@ class Metrics:
         self.stream_messages = Counter("nmt_stream_messages_total",
                                        "TranslateStream messages sent; each carries one or more tokens.",
                                        ["model"], registry=r)
+        # Security (server/security/): the key id, never the key; ids past --auth-metrics-max-keys are "other".
+        self.auth_requests = Counter("nmt_auth_requests_total", "RPCs checked by API-key auth, by key id ('' "
+                                     "without a valid key, 'other' past the label cap) and result: ok, "
+                                     "unauthenticated, permission_denied, rate_limited.", ["key_id", "result"],
+                                     registry=r)
+        self.auth_keys = Gauge("nmt_auth_keys", "API keys loaded from --api-keys-file.", registry=r)
+        self.auth_reloads = Counter("nmt_auth_key_reloads_total", "Reloads of --api-keys-file (SIGHUP) by result: "
+                                    "ok, or error (the old keys stay).", ["result"], registry=r)
+
+        # Observability (docs/observability.md): the process (CPU, memory, open files, start time), the
+        # interpreter and its garbage collector, as prometheus_client exports them on its default registry,
+        # here on the server's own; and what is running: build and models, as labels of a gauge set to 1.
+        for collector in (ProcessCollector, PlatformCollector, GCCollector):
+            collector(registry=r)
+        self.build_info = Gauge("nmt_build_info", "The server's build: its version and its runtime's, as labels (1).",
+                                ["version", "python", "onnxruntime", "grpc"], registry=r)
+        self.build = dict(zip(("version", "python", "onnxruntime", "grpc"), build_versions()))
+        self.build_info.labels(**self.build).set(1)
+        self.model_info = Gauge("nmt_model_info", "A served model: name, bundle version, graph variant, execution "
+                                "provider, as labels (1).", ["model", "version", "variant", "provider"], registry=r)
+        self.queue_capacity = Gauge("nmt_queue_capacity", "Sentences the waiting queue holds per model "
+                                    "(--max-queue-size): nmt_waiting_requests / this is the queue's fill.",
+                                    ["model"], registry=r)
+
+    def model_loaded(self, model: str, version: int, variant: str, provider: str, queue_capacity: int) -> None:
+        self.model_info.labels(model, str(version), variant, provider).set(1)
+        self.queue_capacity.labels(model).set(queue_capacity)
 
     def for_model(self, model: str) -> "ModelMetrics":
         return ModelMetrics(self, model)
@@ -67,6 +95,23 @@ class Metrics:
     def serve(self, port: int, addr: str = "0.0.0.0"):
         """Start the /metrics HTTP endpoint; returns (server, thread)."""
         return start_http_server(port, addr=addr, registry=self.registry)
+
+
+def build_versions() -> tuple[str, str, str, str]:
+    """(nmt-serve, Python, ONNX Runtime, grpcio) versions; "unknown" for one that cannot be read."""
+    import platform
+    from importlib import metadata
+
+    def module_version(name: str) -> str:
+        try:
+            return __import__(name).__version__
+        except (ImportError, AttributeError):
+            return "unknown"
+    try:
+        version = metadata.version("nmt-serve")
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        version = "unknown"
+    return version, platform.python_version(), module_version("onnxruntime"), module_version("grpc")
 
 
 class ModelMetrics:

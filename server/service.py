@@ -8,6 +8,7 @@ recorded. Results come back from the engine thread through the loop's EventRelay
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from concurrent.futures import Executor
@@ -24,6 +25,7 @@ from server.documents.plan import MIME_PLAIN, SPLIT_NEWLINES, SPLIT_OFF, SPLIT_O
 from server.errors import InvalidArgument, NotFound, ServiceError, Unavailable, bounded, shown
 from server.hosted import HostedModel
 from server.metrics import Metrics
+from server.observability import calls
 from server.relay import relay_for
 from server.request import DecodingParams, ErrorEvent, Event, FinishEvent, FinishReason, TokenEvent
 from server.wire import Malformed
@@ -153,10 +155,12 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         # texts took seconds there and stalled every other RPC, health checks included.
         self.executor = executor
         self.accepting = True
+        self.tracer = None  # an RpcTracer when tracing is on (server/observability/tracing.py)
 
     # -- the one place for status codes and request metrics ------------------------
     async def _guard(self, rpc: str, request, context, work: Callable[[], Awaitable]):
         t0, code = time.perf_counter(), grpc.StatusCode.OK
+        call = calls.begin(rpc, context, self.tracer)  # request id, the access log's record (observability)
         try:
             if isinstance(request, Malformed):
                 raise InvalidArgument(f"malformed request: not a valid {request.type_name} "
@@ -184,6 +188,7 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         finally:
             self.metrics.requests.labels(rpc, code.name).inc()
             self.metrics.request_latency.labels(rpc).observe(time.perf_counter() - t0)
+            call.end(code, time.perf_counter() - t0)
 
     def _model(self, name: str, source_language: str = "", target_language: str = "") -> HostedModel:
         """The named model; with no name, the default one, or the first serving the languages asked for."""
@@ -191,6 +196,7 @@ class TranslatorService(pb_grpc.TranslatorServicer):
             order = [self.default] + sorted(n for n in self.models if n != self.default)
             for candidate in order:
                 if self.models[candidate].serves(source_language, target_language):
+                    calls.note(model=candidate)
                     return self.models[candidate]
             served = "; ".join(f"{n}: {m.describe_languages()}" for n, m in sorted(self.models.items()))
             raise InvalidArgument(f"no loaded model translates {shown(source_language or '*')}->"
@@ -198,10 +204,20 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         model = self.models.get(name or self.default)
         if model is None:
             raise NotFound(f"unknown model {shown(name)}; loaded: {sorted(self.models)}")
+        calls.note(model=model.name)
         return model
+
+    def model_name_for(self, name: str, source_language: str = "", target_language: str = "") -> str:
+        """The model a request would run on, for API-key permissions (server/security/auth.py): the
+        default model when it names none; the name as sent when none resolves (the RPC then fails)."""
+        try:
+            return self._model(name, source_language, target_language).name
+        except ServiceError:
+            return name
 
     def _texts(self, texts) -> list[str]:
         """Cheap checks (count, characters) before any tokenisation."""
+        calls.note(texts=len(texts))
         if not texts:
             raise InvalidArgument("texts is empty: send at least one text")
         if len(texts) > self.max_texts:
@@ -213,7 +229,9 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         return list(texts)
 
     async def _off_loop(self, fn, *args, **kwargs):
-        return await asyncio.get_running_loop().run_in_executor(self.executor, partial(fn, *args, **kwargs))
+        # In the call's context: log lines written there carry its request id.
+        run = partial(contextvars.copy_context().run, fn, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self.executor, run)
 
     # -- RPCs -------------------------------------------------------------------------
     async def Translate(self, request: pb.TranslateRequest, context) -> pb.TranslateResponse:
@@ -230,6 +248,7 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         labels = [f"texts[{i}]" + (f" sentence {j}" if len(plan.units) > 1 else "")
                   for i, plan in enumerate(plans) for j in range(len(plan.units))]
         model.scheduler.m.document_sentences.observe(len(labels))
+        calls.note(sentences=len(labels))
         if len(labels) > self.max_sentences:
             raise InvalidArgument(f"the request's texts hold {len(labels)} sentences; the limit is "
                                   f"{self.max_sentences} per request (send fewer or shorter texts)")
@@ -244,7 +263,9 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         futures, sinks = _futures(len(sources))
         jobs = await self._off_loop(model.jobs, sources, params, sinks, deadline_of(context),
                                     scores=request.return_scores, languages=languages, labels=labels)
+        calls.submitted(jobs)
         results: list[FinishEvent] = await _run(model, jobs, futures) if jobs else []
+        calls.decoded(results)
         out = pb.TranslateResponse(model=model.name)
         start = 0
         for plan in plans:
@@ -270,6 +291,7 @@ class TranslatorService(pb_grpc.TranslatorServicer):
     async def TranslateStream(self, request: pb.TranslateStreamRequest, context) -> None:
         # Written with context.write rather than yield, so errors pass through _guard like the unary RPCs.
         async def produce():
+            await context.send_initial_metadata(((calls.REQUEST_ID, calls.current().request_id),))
             sent = None
             async for message in self._stream(request, context):
                 sent = sent or self.metrics.stream_messages.labels(message.model)
@@ -290,6 +312,7 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         sinks = [relay.sink(partial(_tagged, events.put_nowait, i)) for i in range(len(labels))]
         jobs = await self._off_loop(model.jobs, [u.source for u in plan.units], params, sinks, deadline_of(context),
                                     stream=True, languages=languages, labels=labels)
+        calls.submitted(jobs)
         if jobs:
             model.scheduler.submit(jobs)
         doc = DocumentStream(plan, model.tok)
@@ -318,6 +341,7 @@ class TranslatorService(pb_grpc.TranslatorServicer):
                 input_tokens=res.input_tokens, output_tokens=res.output_tokens, timings=timings(res.timing),
                 model=model.name)
         finally:
+            calls.note(output_tokens=sum(map(len, doc.ids)))  # decoded so far, if the stream was cut short
             if not doc.done:
                 for job in jobs:
                     job.cancel()
@@ -330,6 +354,7 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         texts = self._texts(request.texts)
         futures, sinks = _futures(len(texts))
         jobs = await self._off_loop(model.embed_jobs, texts, sinks, deadline_of(context))
+        calls.submitted(jobs)
         vectors = await _run(model, jobs, futures)
         out = pb.EmbedResponse(model=model.name, dimension=model.bundle.spec.d_model)
         for job, vec in zip(jobs, vectors):

@@ -29,15 +29,17 @@ def test_compose_command_is_valid_server_flags(compose, name):
 
 
 def test_prometheus_scrapes_the_metrics_port(compose):
-    service = compose["services"]["nmt"]
-    metrics_port = ServerConfig.parser().parse_args(service["command"]).metrics_port
     volume = compose["services"]["prometheus"]["volumes"][0]
     host_path, container_path = volume.split(":")[:2]
     assert container_path == "/etc/prometheus/prometheus.yml"
     prom = yaml.safe_load((ROOT / host_path).read_text())
     (job,) = prom["scrape_configs"]
     assert job["metrics_path"] == "/metrics"
-    assert job["static_configs"][0]["targets"] == [f"nmt:{metrics_port}"]
+    # Whichever server service runs, CPU or GPU, by compose's DNS (docs/observability.md).
+    (sd,) = job["dns_sd_configs"]
+    assert set(sd["names"]) == {"nmt", "nmt-gpu"}
+    for name in sd["names"]:
+        assert sd["port"] == ServerConfig.parser().parse_args(compose["services"][name]["command"]).metrics_port
     if shutil.which("promtool"):
         check = subprocess.run(["promtool", "check", "config", str(ROOT / host_path)], capture_output=True, text=True)
         assert check.returncode == 0, check.stdout + check.stderr
@@ -56,7 +58,11 @@ def test_dockerfiles_copy_real_paths_and_agree_with_the_server(dockerfile, compo
     assert env["NMT_MODEL_REPOSITORY"] == "/app/model_repository"
     for name in env:
         assert name[4:].lower() in ServerConfig.__dataclass_fields__, name
-    assert "python -m client --target localhost:50051 health" in text
+    # The health check follows the configured port; the server runs unprivileged; models are a volume.
+    assert 'python -m client --target "localhost:${NMT_PORT}" health' in text
+    (user,) = re.findall(r"^USER (\S+)$", text, re.M)
+    assert user.split(":")[0] not in ("0", "root")
+    assert f'VOLUME ["{env["NMT_MODEL_REPOSITORY"]}"]' in text
     # The serving image installs only the serve (or gpu) extra: no torch in it.
     assert '".[serve]"' in text or '".[gpu]"' in text
 
@@ -84,3 +90,76 @@ def test_generated_grpc_code_is_current(tmp_path):
     for name in ("translator_pb2.py", "translator_pb2_grpc.py", "translator_pb2.pyi"):
         fresh = (tmp_path / "protos/nmt/v1" / name).read_text()
         assert fresh == (ROOT / "protos/nmt/v1" / name).read_text(), f"{name} is stale: run `make protos`"
+
+
+def _seconds(text: str) -> float:
+    return float(text[:-1]) * {"s": 1, "m": 60}[text[-1]]
+
+
+def _compose_services():
+    for path in ("docker-compose.yml", "deploy/docker-compose.scaleout.yml"):
+        for name, service in yaml.safe_load((ROOT / path).read_text())["services"].items():
+            yield path, name, service
+
+
+SERVERS = [s for s in _compose_services() if str(s[2].get("image", "")).startswith("nmt-serve")]
+
+
+@pytest.mark.parametrize("path,name,service", SERVERS, ids=[f"{path}:{name}" for path, name, _ in SERVERS])
+def test_compose_servers_rotate_gracefully(path, name, service):
+    """Every server in a compose file: real flags, a restart policy, and docker stop waiting longer than
+    the server's lame duck plus its drain (else SIGKILL cuts the in-flight work)."""
+    cfg = ServerConfig.parser().parse_args(service["command"])
+    assert ServerConfig(**vars(cfg)).problems() == []
+    flags = {o for a in ServerConfig.parser()._actions for o in a.option_strings}
+    assert all(arg in flags for arg in service["command"] if arg.startswith("--"))  # no abbreviations
+    assert service.get("restart") in ("unless-stopped", "always", "on-failure")
+    assert _seconds(service["stop_grace_period"]) > cfg.lame_duck_s + cfg.grace_period_s + 1
+    assert cfg.lame_duck_s > 0
+    health = service["healthcheck"]["test"]
+    assert health[health.index("--target") + 1] == f"localhost:{cfg.port}"
+
+
+def test_compose_host_ports_do_not_clash():
+    """Every profile can run at once (docker compose --profile gpu up): no host port published twice."""
+    for path in ("docker-compose.yml", "deploy/docker-compose.scaleout.yml"):
+        published = [str(p).rsplit(":", 1)[0] for s in yaml.safe_load((ROOT / path).read_text())["services"].values()
+                     for p in s.get("ports", [])]
+        assert len(published) == len(set(published)), (path, published)
+
+
+def test_scaleout_compose_balancers_point_at_the_replicas():
+    compose = yaml.safe_load((ROOT / "deploy/docker-compose.scaleout.yml").read_text())
+    replicas = {name: ServerConfig.parser().parse_args(s["command"]).port
+                for name, s in compose["services"].items() if name.startswith("nmt-")}
+    wanted = {f"{name}:{port}" for name, port in replicas.items()}
+    nginx = (ROOT / "deploy/nginx/nginx.conf").read_text()
+    haproxy = (ROOT / "deploy/haproxy/haproxy.cfg").read_text()
+    assert set(re.findall(r"^\s*server (\S+:\d+)", nginx, re.M)) == wanted
+    assert set(re.findall(r"^\s*server \S+ (\S+:\d+)", haproxy, re.M)) == wanted
+    for balancer, conf, listen in (("nginx", nginx, r"listen (\d+)"), ("haproxy", haproxy, r"bind :(\d+) proto h2")):
+        service = compose["services"][balancer]
+        (mount,) = service["volumes"]
+        assert (ROOT / "deploy" / mount.split(":")[0]).resolve() in {(ROOT / "deploy/nginx/nginx.conf").resolve(),
+                                                                       (ROOT / "deploy/haproxy/haproxy.cfg").resolve()}
+        port = re.search(listen, conf).group(1)
+        assert f"{port}:{port}" in service["ports"]
+
+
+def test_dockerignore_lets_every_copy_through():
+    """.dockerignore excludes everything but what the Dockerfiles copy (a small build context)."""
+    kept = {line[1:].rstrip("/") for line in (ROOT / ".dockerignore").read_text().splitlines() if line.startswith("!")}
+    for dockerfile in ("Dockerfile", "Dockerfile.gpu"):
+        for line in re.findall(r"^COPY (.+)$", (ROOT / dockerfile).read_text(), re.M):
+            for src in line.split()[:-1]:
+                assert src.rstrip("/") in kept, f"{dockerfile}: COPY {src} is excluded by .dockerignore"
+    assert (ROOT / ".dockerignore").read_text().splitlines()[3] == "*"  # everything else stays out
+
+
+def test_gpu_image_pins_onnxruntime_gpu_and_a_released_python():
+    text = (ROOT / "Dockerfile.gpu").read_text()
+    base = re.search(r"^FROM nvidia/cuda:(\d+)\.\d+\.\d+-cudnn-runtime-ubuntu(\d+)\.04$", text, re.M)
+    assert base and int(base.group(2)) >= 24  # Ubuntu 24.04's system Python is 3.12
+    assert re.search(r"^ARG ONNXRUNTIME_GPU=\d+\.\d+\.\d+$", text, re.M)
+    assert '"onnxruntime-gpu==${ONNXRUNTIME_GPU}"' in text
+

@@ -48,10 +48,16 @@ def parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("where")
     g.add_argument("--target", default="localhost:50051", help="HOST:PORT; several, comma-separated, are "
                    "used round-robin (one channel each)")
+    g.add_argument("--lb", choices=["split", "round_robin"], default="split",
+                   help="several targets: split = one channel each, request i to target i mod n (exact "
+                        "shares, reported per target); round_robin = one channel balanced by gRPC over the "
+                        "targets' healthy replicas, as applications use the client library")
     g.add_argument("--tls", action="store_true", help="TLS with the system's root certificates")
-    g.add_argument("--tls-ca", help="PEM root certificate(s) to trust (implies TLS)")
-    g.add_argument("--tls-cert", help="client certificate chain, PEM (mutual TLS; with --tls-key)")
-    g.add_argument("--tls-key", help="client private key, PEM")
+    # --ca-file/--cert-file/--key-file: the same names as python -m client (docs/security.md)
+    g.add_argument("--tls-ca", "--ca-file", dest="tls_ca", help="PEM root certificate(s) to trust (implies TLS)")
+    g.add_argument("--tls-cert", "--cert-file", dest="tls_cert",
+                   help="client certificate chain, PEM (mutual TLS; with --tls-key)")
+    g.add_argument("--tls-key", "--key-file", dest="tls_key", help="client private key, PEM")
     g.add_argument("--tls-server-name", help="name to expect in the server's certificate")
     g.add_argument("--api-key", default=os.environ.get("NMT_API_KEY"),
                    help="sent as metadata 'authorization: Bearer KEY' (env NMT_API_KEY)")
@@ -120,7 +126,7 @@ def config(args: argparse.Namespace) -> RunConfig:
         timeout=args.timeout,
         security=Security(args.tls, args.tls_ca, args.tls_cert, args.tls_key, args.tls_server_name, args.api_key),
         slo=Slo(args.slo_ttft_ms, args.slo_tpot_ms, args.slo_e2e_ms),
-        metrics_urls=[u.strip() for u in (args.metrics_url or "").split(",") if u.strip()],
+        metrics_urls=[u.strip() for u in (args.metrics_url or "").split(",") if u.strip()], lb=args.lb,
         window_s=args.window, progress=not args.quiet, src_file=args.src_file)
 
 

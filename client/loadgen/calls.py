@@ -15,6 +15,7 @@ from typing import Awaitable, Callable, Optional, Sequence
 
 import grpc
 
+from client.balancing import Balancing, channel_args
 from client.client import AsyncTranslatorClient
 from client.client import options as decoding_options
 from client.loadgen.measure import Sample
@@ -56,17 +57,25 @@ def metadata(sec: Security) -> Optional[tuple]:
 
 
 class Targets:
-    """One channel per target; request i goes to target i mod n. Client-side round robin
-    rather than a gRPC `round_robin` policy so that hostnames work as well as IP addresses,
-    the split is exact per request, and each target's share is reported."""
+    """lb="split" (default): one channel per target; request i goes to target i mod n. The split
+    is exact per request and each target's share is reported. lb="round_robin": one channel over
+    all targets with gRPC's round_robin policy and client-side health checking, as the client
+    library balances (client/balancing.py; a dns:/// target works too), reported as one target.
+    Neither retries: a retry hides the error and adds load."""
 
-    def __init__(self, targets: Sequence[str], sec: Security = Security()):
+    def __init__(self, targets: Sequence[str], sec: Security = Security(), lb: str = "split"):
         if not targets:
             raise ValueError("no target")
         options = [("grpc.max_receive_message_length", 64 << 20)]
         if sec.server_name:
             options.append(("grpc.ssl_target_name_override", sec.server_name))
         creds = credentials(sec)
+        if lb == "round_robin":
+            target, lb_options = channel_args(",".join(targets), Balancing(lb="round_robin", retries=0))
+            options += lb_options
+            targets = [target]
+        elif lb != "split":
+            raise ValueError(f"lb must be split or round_robin (got {lb!r})")
         self.names = list(targets)
         self.channels = [grpc.aio.secure_channel(t, creds, options) if creds else grpc.aio.insecure_channel(t, options)
                          for t in self.names]

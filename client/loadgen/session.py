@@ -47,6 +47,7 @@ class RunConfig:
     window_s: float = 0.0
     progress: bool = True
     src_file: str = ""
+    lb: str = "split"  # split: one channel per target, exact shares; round_robin: one balanced channel
 
     def bounds(self, level) -> tuple[Optional[int], float, float]:
         """(request count, sending-phase seconds, hard stop seconds) of a measured level."""
@@ -62,7 +63,7 @@ class RunConfig:
 
     def as_dict(self) -> dict:
         return {"targets": self.targets, "mode": self.mode, "levels": self.levels, "requests": self.requests,
-                "duration": self.duration, "max_seconds": self.max_seconds,
+                "lb": self.lb, "duration": self.duration, "max_seconds": self.max_seconds,
                 "warmup": {"requests": self.warmup_requests, "seconds": self.warmup_seconds},
                 "seed": self.seed, "arrival": self.arrival if self.mode == "open" else None,
                 "burstiness": self.burstiness if self.mode == "open" else None, "timeout": self.timeout,
@@ -120,7 +121,7 @@ async def run(cfg: RunConfig) -> dict:
     if cfg.mode not in ("closed", "open"):
         raise ValueError("mode is closed or open")
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    targets = Targets(cfg.targets, cfg.security)
+    targets = Targets(cfg.targets, cfg.security, cfg.lb)
     sampler = MetricsSampler(cfg.metrics_urls) if cfg.metrics_urls else None
     levels: list[dict] = []
     run_t0 = time.perf_counter()

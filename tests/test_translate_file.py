@@ -1,4 +1,4 @@
-"""`python -m client translate-file` (client/translate_file.py) end to end against a real server.
+"""`python -m client translate-file` (client/translate_file/) end to end against a real server.
 
 Counts, order and texts are asserted, never a rate: the machine is shared. Where a test needs
 the server in a given state (a full queue), it holds the engine with EngineGate and waits for the

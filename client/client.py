@@ -6,6 +6,10 @@
         for msg in c.translate_stream("Two dogs play in the snow."):
             print(msg.delta, end="", flush=True)
 
+Several replicas: a comma-separated target list, dns:///name:port or ipv4:a:p,b:p is balanced
+round_robin over the healthy ones, with gRPC's retry policy and keepalive (client/balancing.py,
+docs/deployment.md); `balancing=Balancing(...)` tunes it.
+
 Unary calls are retried on UNAVAILABLE (server starting, restarting or
 draining) with exponential back-off, and on RESOURCE_EXHAUSTED that carries a
 google.rpc.RetryInfo (an API key's rate limit) after the wait the server gave,

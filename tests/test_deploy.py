@@ -163,3 +163,25 @@ def test_gpu_image_pins_onnxruntime_gpu_and_a_released_python():
     assert re.search(r"^ARG ONNXRUNTIME_GPU=\d+\.\d+\.\d+$", text, re.M)
     assert '"onnxruntime-gpu==${ONNXRUNTIME_GPU}"' in text
 
+
+def test_default_model_repository_is_found_outside_the_checkout(tmp_path, monkeypatch):
+    """`pip install .` then `nmt-serve` anywhere: the checkout's repository, else ./model_repository,
+    else the bundle installed under <prefix>/share/nmt-serve (pyproject's data-files)."""
+    import tomllib
+
+    import server.config as config
+    monkeypatch.setattr(config, "CHECKOUT_REPOSITORY", tmp_path / "site-packages" / "model_repository")
+    monkeypatch.setattr(config, "INSTALLED_REPOSITORY", tmp_path / "share" / "nmt-serve" / "model_repository")
+    monkeypatch.chdir(tmp_path)
+    assert config.default_repository() == config.CHECKOUT_REPOSITORY  # none: the path the error names
+    config.INSTALLED_REPOSITORY.mkdir(parents=True)
+    assert config.default_repository() == config.INSTALLED_REPOSITORY
+    (tmp_path / "model_repository").mkdir()
+    assert config.default_repository() == tmp_path / "model_repository"
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["data-files"]
+    shipped = ROOT / "model_repository"
+    for bundle in {p.parent for p in shipped.glob("*/*/config.json")}:
+        dest = "share/nmt-serve/model_repository/" + bundle.relative_to(shipped).as_posix()
+        (pattern,) = data[dest]
+        assert {p.name for p in ROOT.glob(pattern)} == {p.name for p in bundle.iterdir()}, dest
+

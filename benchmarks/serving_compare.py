@@ -167,7 +167,7 @@ def render(results: dict, args, argv: list[str]) -> str:
         lines += ["", f"Idle server CPU: ours {ours['idle_cpu_percent']:.1f}% of a core, "
                   f"CT2 server {base['idle_cpu_percent']:.1f}%"
                   + (f", before {before['idle_cpu_percent']:.1f}%" if before else "") + ".", ""]
-    lines.append("![tokens/s](serving_compare.png)")
+    lines.append(f"![tokens/s]({Path(args.out).with_suffix('.png').name})")
     return "\n".join(lines) + "\n"
 
 

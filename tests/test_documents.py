@@ -83,6 +83,13 @@ def test_placeholders_come_back_exactly_once_in_order():
             assert back.replace(" ", "") .count("Mann") == translation.count("Mann")
 
 
+def test_an_element_moves_onto_its_recognisable_word():
+    _, restore = protect("A man is playing the <b>guitar</b> on stage.")
+    assert restore("Ein Mann spielt Gitarre auf der Bühne.") == "Ein Mann spielt <b>Gitarre</b> auf der Bühne."
+    _, restore = protect("A <i>red</i> car and a <b>horse</b>.")  # no recognisable word: relative position
+    assert restore("Ein rotes Auto und ein Pferd.") == "Ein <i>rotes</i> Auto und ein <b>Pferd</b>."
+
+
 def _tags(markup: str) -> list[tuple]:
     found = []
 

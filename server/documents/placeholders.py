@@ -7,13 +7,15 @@ Multi30k model turned "{color}" into "geschriebollter" and "<b>" into "Netetetet
 sentences. So the model never sees them: they are removed, the clean sentence is
 translated, and each one is reinserted at the same relative word position of the
 translation (monotone, so "<b>" stays before "</b>"), keeping how it was attached to
-its neighbours (glued to the next word, to the previous one, or standing alone).
-Placement is a position heuristic, not an alignment; docs/documents.md measures how
-often tags land on the right words. What this guarantees is the set: every placeholder
+its neighbours (glued to the next word, to the previous one, or standing alone); an
+element whose wrapped word is recognisably in the translation (a name, a number, a
+cognate) moves onto it. Placement is a heuristic, not an alignment; docs/documents.md
+measures how often tags land on the right words. What this guarantees is the set: every placeholder
 comes back, once, in the source order.
 """
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -56,8 +58,8 @@ def protect(sentence: str) -> tuple[str, Optional[Callable[[str], str]]]:
     text = _tidy("".join(clean))
     if not text:  # only placeholders: nothing for the model
         return sentence, None
-    n_words = len(text.split())
-    return text, lambda translation: restore(translation, marks, n_words)
+    words = text.split()
+    return text, lambda translation: restore(translation, marks, words)
 
 
 def _tidy(text: str) -> str:
@@ -66,19 +68,65 @@ def _tidy(text: str) -> str:
     return re.sub(r"\s+([,.;:!?…])", r"\1", text).strip()
 
 
-def restore(translation: str, marks: list[Mark], source_words: int) -> str:
-    words = translation.split()
-    n = len(words)
-    # Boundary b sits before words[b]; boundary n is the end. Monotone in the source order.
-    slots: dict[int, list[Mark]] = {}
-    last, last_words = 0, 0
+def _boundaries(marks: list[Mark], source_words: int, n: int) -> list[int]:
+    """Each mark's boundary in the translation (b sits before word b; n is the end): the same
+    relative position, monotone in the source order."""
+    out, last, last_words = [], 0, 0
     for mark in marks:
         b = round(mark.words_before * n / source_words) if source_words else n
         # Words between two marks in the source (an element's content) keep at least one word between
         # them in the translation, so "<b>dogs</b>" never comes back as an empty "<b></b>".
         b = min(max(b, last + (mark.words_before > last_words)), n)
-        slots.setdefault(b, []).append(mark)
+        out.append(b)
         last, last_words = b, mark.words_before
+    return out
+
+
+def _bare(word: str) -> str:
+    return re.sub(r"\W+", "", word.lower())
+
+
+def _anchor(marks: list[Mark], bounds: list[int], source: list[str], target: list[str]) -> None:
+    """Move an element onto the translated word it wraps when that word is recognisably the same
+    (names, numbers, cognates: "guitar" ~ "Gitarre", "helmet" ~ "Helm"), keeping the order of all
+    marks; otherwise its relative position stands."""
+    opened: dict[str, list[int]] = {}
+    for i, mark in enumerate(marks):
+        name = re.match(r"</?([A-Za-z][\w\-]*)", mark.text)
+        if not name:
+            continue
+        if not mark.text.startswith("</"):
+            opened.setdefault(name.group(1).lower(), []).append(i)
+            continue
+        starts = opened.get(name.group(1).lower())
+        if not starts:
+            continue
+        a = starts.pop()
+        inner = [_bare(w) for w in source[marks[a].words_before:mark.words_before] if len(_bare(w)) >= 3]
+        best, at = 0.0, -1
+        for j, word in enumerate(target):
+            if len(_bare(word)) < 3:  # "in", "a": too short to be recognisably anything
+                continue
+            for w in inner:
+                score = difflib.SequenceMatcher(None, w, _bare(word)).ratio()
+                if score > best or (score == best and abs(j - bounds[a]) < abs(at - bounds[a])):
+                    best, at = score, j
+        if best < 0.6:
+            continue
+        span = min(mark.words_before - marks[a].words_before, len(target) - at)
+        moved = bounds[:a] + [at] * (i - a) + [at + span] + bounds[i + 1:]
+        if all(x <= y for x, y in zip(moved, moved[1:])):
+            bounds[:] = moved
+
+
+def restore(translation: str, marks: list[Mark], source: list[str]) -> str:
+    words = translation.split()
+    n = len(words)
+    bounds = _boundaries(marks, len(source), n)
+    _anchor(marks, bounds, source, words)
+    slots: dict[int, list[Mark]] = {}
+    for mark, b in zip(marks, bounds):
+        slots.setdefault(b, []).append(mark)
     out: list[str] = []
     for b in range(n + 1):
         prefix = ""  # marks glued to the word at this boundary, in source order
@@ -93,7 +141,11 @@ def restore(translation: str, marks: list[Mark], source_words: int) -> str:
             elif mark.glue_next and b < n:
                 prefix += mark.text
             elif mark.glue_prev and out:
-                out[-1] += mark.text
+                tail = _TRAILING_PUNCT.search(out[-1]) if mark.before_punct else None
+                if tail and tail.start():  # "<b>horse</b>." -> "<b>Pferd</b>.", not "Pferd.</b>"
+                    out[-1] = out[-1][:tail.start()] + mark.text + out[-1][tail.start():]
+                else:
+                    out[-1] += mark.text
             else:
                 out.append(mark.text)
         if b < n:

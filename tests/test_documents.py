@@ -126,6 +126,13 @@ def test_html_keeps_markup_and_stays_well_formed():
     assert "&amp; &lt;X&gt;" in out and "<script>var s = \"A man.\";</script>" in out
 
 
+def test_html_sentences_run_over_line_wraps():
+    doc = "<p>\n  A man in a blue shirt is\n  riding a bike. Two dogs\n  play.\n</p>"
+    plan = plan_html(doc, "on", "en", lambda s: True)
+    assert [u.source for u in plan.units] == ["A man in a blue shirt is riding a bike.", "Two dogs play."]
+    assert plan.source_text() == doc
+
+
 def test_runaway_guard_trips_on_loops_only():
     guard = RunawayGuard()
     normal = [5, 6, 7, 8, 5, 6, 9, 10, 11, 5, 6, 7, 12, 4]

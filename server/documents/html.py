@@ -9,7 +9,8 @@ handled like placeholders (server/documents/placeholders.py): the model reads th
 clean sentence, the tags come back once each, in order, at the same relative word
 positions — so the output is as well-formed as the input. Text inside script, style,
 code, pre, textarea, and inside any element with translate="no" or class
-"notranslate", is never translated. Entities are decoded for the model and the
+"notranslate", is never translated. A newline in HTML text is a space: a sentence
+hard-wrapped over several source lines is one sentence. Entities are decoded for the model and the
 translation is escaped again (&, <, >), so "&amp;" stays "&amp;"; a named entity such
 as &eacute; inside translated text comes back as its character.
 """
@@ -87,7 +88,7 @@ def _text(chunk: str, run: list[str], plan: Plan, skip: list[str]) -> None:
 def _translated_run(raw: str, split: str, language: str, fits: Callable[[str], bool]) -> Plan:
     """A block's text with its inline tags: sentences as plain text, decoded entities for the
     model, the translation escaped again before the tags go back."""
-    inner = plan_text(raw, split, language, fits)
+    inner = plan_text(raw, split, language, fits, lines=False)  # in HTML a newline is a space
     out = Plan()
     for part in inner.parts:
         if isinstance(part, str):
@@ -98,5 +99,6 @@ def _translated_run(raw: str, split: str, language: str, fits: Callable[[str], b
         def finish(translation: str, restore=restore) -> str:
             escaped = html.escape(translation, quote=False)
             return restore(escaped) if restore else escaped
-        out.unit(Unit(html.unescape(part.source), finish, part.original))
+        source = re.sub(r"\s+", " ", html.unescape(part.source))  # the wrap of the HTML source is no layout
+        out.unit(Unit(source, finish, part.original))
     return out

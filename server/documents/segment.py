@@ -108,14 +108,16 @@ def _largest(sorted_cuts: list[int], ok: Callable[[int], bool]) -> int:
     return best
 
 
-def plan_text(text: str, split: str, language: str, fits: Callable[[str], bool]) -> Plan:
-    """The plan of a plain-text document. `fits(s)`: does `s` fit the model's source budget."""
+def plan_text(text: str, split: str, language: str, fits: Callable[[str], bool], lines: bool = True) -> Plan:
+    """The plan of a plain-text document. `fits(s)`: does `s` fit the model's source budget.
+    `lines=False` (HTML, where a newline is just a space): a sentence may run over a line break;
+    only blank lines and sentence ends separate sentences."""
     plan = Plan()
     if split == SPLIT_OFF:
         _add_span(plan, text, [(0, len(text))], fits, cut=False)
         return plan
     lang = segmenter_language(language)
-    for line in _LINE.split(text):
+    for line in (_LINE.split(text) if lines or split == SPLIT_NEWLINES else [text]):
         if not line or _LINE.fullmatch(line):
             plan.literal(line)
             continue

@@ -94,7 +94,10 @@ def service_config(round_robin: bool, retries: int, health_check: bool) -> dict:
             "name": [{"service": SERVICE}],
             "retryPolicy": {"maxAttempts": min(retries + 1, MAX_ATTEMPTS), "initialBackoff": "0.05s",
                             "maxBackoff": "1s", "backoffMultiplier": 2,
-                            "retryableStatusCodes": ["UNAVAILABLE"]},
+                            # CANCELLED too: a proxy resets a stream it had just sent to a replica that
+                            # was closing (nginx has no gRPC health check). gRPC retries only calls that
+                            # have no response yet, and never the client's own cancel, so this is safe.
+                            "retryableStatusCodes": ["UNAVAILABLE", "CANCELLED"]},
         }]
         # Retries stop while more than half of the recent calls fail (a whole fleet down): no retry storm.
         config["retryThrottling"] = {"maxTokens": 100, "tokenRatio": 0.1}

@@ -49,9 +49,14 @@ def selection_table(rows: list[dict]) -> list[str]:
     return out
 
 
-def render(state: dict, log: list[dict], quality: dict, name: str, selection: list[dict] | None = None) -> str:
+LANGUAGE_NAMES = {"en": "English", "de": "German", "fr": "French"}
+
+
+def render(state: dict, log: list[dict], quality: dict, name: str, selection: list[dict] | None = None,
+           quality_file: str = "docs/quality.json") -> str:
     cfg = ModelConfig.from_dict(state["config"])
     meta = state["meta"]
+    src, tgt = meta.get("src_lang", "en"), meta.get("tgt_lang", "de")
     params = Transformer(cfg).num_parameters()
     epochs = [r for r in log if r["kind"] == "epoch"]
     train_s = sum(r["train_seconds"] for r in epochs)
@@ -62,7 +67,8 @@ def render(state: dict, log: list[dict], quality: dict, name: str, selection: li
     lines = [
         f"# Model card: {name}",
         "",
-        f"English→German translation, trained from scratch on Multi30k (task 1) with this repository's "
+        f"{LANGUAGE_NAMES.get(src, src)}→{LANGUAGE_NAMES.get(tgt, tgt)} translation, trained from scratch on "
+        f"Multi30k (task 1) with this repository's "
         f"`{meta.get('preset', '?')}` preset.",
         "",
         "## Model",
@@ -78,13 +84,15 @@ def render(state: dict, log: list[dict], quality: dict, name: str, selection: li
         "",
         f"- Command: `{command_of(meta['args'])}`",
         f"- Time: {train_s / 60:.0f} minutes of training steps over {len(epochs)} epochs on a 2-core CPU "
-        f"(bf16 autocast), {min(tps):,}–{max(tps):,} target tokens/s; validation after each epoch not counted.",
+        f"({meta['args'].get('precision', 'fp32')}{' autocast' if meta['args'].get('precision') == 'bf16' else ''}, "
+        f"{meta['args'].get('threads') or 'default'} thread(s)), {min(tps):,}–{max(tps):,} target tokens/s; validation "
+        "after each epoch not counted.",
         "- Data: Multi30k task 1 raw (`train`, validation on `val`), upstream commit "
         f"`{MULTI30K_COMMIT[:7]}`. SHA-256 of the files used:",
         "",
         "```",
-        *[f"{MULTI30K_SHA256[f]}  {f}" for f in ("train.en", "train.de", "val.en", "val.de",
-                                                  "test_2016_flickr.en", "test_2016_flickr.de")],
+        *[f"{MULTI30K_SHA256[f]}  {f}" for f in (f"train.{src}", f"train.{tgt}", f"val.{src}", f"val.{tgt}",
+                                                  f"test_2016_flickr.{src}", f"test_2016_flickr.{tgt}")],
         "```",
         "",
         f"- Best validation BLEU (greedy, during training): {best['val_bleu']:.2f} at epoch {best['epoch']}.",
@@ -107,10 +115,11 @@ def render(state: dict, log: list[dict], quality: dict, name: str, selection: li
     lines += [
         "",
         f"Beam search: width {q['beam']}, length penalty α = {q['alpha']} (score = log-prob / length^α).",
-        f"int8 (dynamic quantisation of the MatMul weights): BLEU change {-drop:+.2f} with beam search; "
+        f"int8 (weights per output channel, activations per row, so a sentence's output does not depend on "
+        f"its batch): BLEU change {-drop:+.2f} with beam search; "
         f"greedy decoding of the test set at batch 32 is {q['int8_speedup_greedy_b32']:.2f}× faster than fp32 "
         "(same decoder, same process).",
-        "Measured by `python -m export.quality` (see docs/quality.json).",
+        f"Measured by `python -m export.quality` (see {quality_file}).",
         "",
         "## Intended use and limits",
         "",
@@ -137,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     state = torch.load(args.checkpoint, map_location="cpu", weights_only=True)
     log = [json.loads(line) for line in Path(args.train_log).read_text().splitlines() if line.strip()]
     quality = json.loads(Path(args.quality).read_text())
-    Path(args.out).write_text(render(state, log, quality, args.name, selection))
+    Path(args.out).write_text(render(state, log, quality, args.name, selection, args.quality))
     print(args.out)
     return 0
 

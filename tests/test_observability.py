@@ -27,14 +27,16 @@ import grpc
 import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from serving import ROOT, ServerThread
+from serving import ROOT, EngineGate, ServerThread
 
+from models.core.bundle import discover
 from protos.nmt.v1 import translator_pb2 as pb
 from protos.nmt.v1 import translator_pb2_grpc as pb_grpc
 from server.config import ServerConfig
 from server.observability import calls, logs
 
-MODEL = "multi30k-en-de-small"
+MODEL = "multi30k-en-de-small"  # the default one
+SHIPPED = sorted(b.name for b in discover(ROOT / "model_repository"))  # every shipped model is served
 ACCESS_FIELDS = {"time", "level", "logger", "message", "event", "service", "method", "code", "model", "texts",
                  "sentences", "input_tokens", "output_tokens", "queue_s", "first_token_s", "total_s", "key_id",
                  "request_id", "peer"}
@@ -173,19 +175,40 @@ def test_invalid_argument_is_logged_with_its_request_id(served):
     assert r["queue_s"] is None and r["first_token_s"] is None  # it never reached the engine
 
 
-def test_cancelled_stream_is_logged(served):
-    # Near-uniform sampling rarely ends early: the stream is surely still running when it is cancelled.
-    request = pb.TranslateStreamRequest(text="A man in a blue shirt and a woman in a red dress walk down a busy "
-                                             "street.", options=pb.DecodingOptions(temperature=5.0, seed=3,
-                                                                                   max_output_tokens=200))
-    call = served.stub.TranslateStream(request, timeout=60, metadata=[("x-request-id", "test-cancel-1")])
-    first = next(call)
-    assert not first.final
-    call.cancel()
-    r = served.access("test-cancel-1")
-    check_access_record(r, "TranslateStream", "CANCELLED")
-    assert r["model"] == MODEL and r["output_tokens"] >= len(first.token_ids) >= 1
-    assert r["first_token_s"] is not None
+def test_cancelled_stream_is_logged():
+    """In process, with the engine held after a few tokens, so the stream is surely still running
+    when it is cancelled (a subprocess server cannot be held: the stream might finish first)."""
+    lines = io.StringIO()
+    handler = logging.StreamHandler(lines)
+    handler.setFormatter(logs.json_formatter())
+    handler.addFilter(logs.CallContext())
+    access = logging.getLogger("nmt.access")
+    access.addHandler(handler)
+    previous = access.level
+    access.setLevel(logging.INFO)
+    srv = ServerThread(metrics_port=-1, warmup=False).start()
+    try:
+        with grpc.insecure_channel(srv.target) as channel, EngineGate(srv.app.models[MODEL], let_through=3) as gate:
+            request = pb.TranslateStreamRequest(text="A man in a blue shirt walks down a busy street.",
+                                                options=pb.DecodingOptions(temperature=5.0, seed=3,
+                                                                           max_output_tokens=200))
+            call = pb_grpc.TranslatorStub(channel).TranslateStream(
+                request, timeout=60, metadata=[("x-request-id", "test-cancel-1")])
+            first = next(call)
+            assert not first.final and not gate.released.is_set()
+            call.cancel()
+            end = time.monotonic() + 30  # bounds a failure only: the record is written when the handler ends
+            while "test-cancel-1" not in lines.getvalue() and time.monotonic() < end:
+                time.sleep(0.02)
+            gate.open()
+        (r,) = [json.loads(x) for x in lines.getvalue().splitlines() if "test-cancel-1" in x]
+        check_access_record(r, "TranslateStream", "CANCELLED")
+        assert r["model"] == MODEL and r["output_tokens"] >= len(first.token_ids) >= 1
+        assert r["first_token_s"] is not None
+    finally:
+        access.removeHandler(handler)
+        access.setLevel(previous)
+        srv.stop()
 
 
 def test_an_unusable_request_id_is_replaced(served):
@@ -210,14 +233,16 @@ def test_list_models_and_embed_are_logged_too(served):
 def test_every_line_is_json_and_startup_is_logged(served):
     records = served.records()  # parses every line
     assert all({"time", "level", "logger", "message"} <= set(r) for r in records)
-    loaded = served.event("model_loaded")
-    assert (loaded["model"], loaded["version"], loaded["provider"]) == (MODEL, 1, "CPUExecutionProvider")
     serving = served.event("serving")
+    records = served.records()
+    loaded = [r for r in records if r.get("event") == "model_loaded"]
+    assert sorted((r["model"], r["version"], r["provider"]) for r in loaded) == \
+        [(name, 1, "CPUExecutionProvider") for name in SHIPPED]
     assert serving["grpc_port"] == served.port and serving["metrics_port"] == served.metrics_port
-    assert serving["models"] == [MODEL] and serving["config"]["log_format"] == "json"
+    assert serving["models"] == SHIPPED and serving["config"]["log_format"] == "json"
     assert serving["build"]["python"] == platform.python_version()
     assert [r["event"] for r in records if r.get("event") in ("starting", "model_loaded", "serving")] == \
-        ["starting", "model_loaded", "serving"]
+        ["starting"] + ["model_loaded"] * len(SHIPPED) + ["serving"]
 
 
 # -- metrics -----------------------------------------------------------------------------------
@@ -242,10 +267,11 @@ def test_process_and_build_info_metrics(served):
     assert build == {"version": build["version"], "python": platform.python_version(),
                      "onnxruntime": onnxruntime.__version__, "grpc": grpc.__version__, "__value__": 1.0}
     assert build["version"] not in ("", "unknown")
-    (model,) = exported["nmt_model_info"]
-    assert model == {"model": MODEL, "version": "1", "variant": "fp32", "provider": "CPUExecutionProvider",
-                     "__value__": 1.0}
-    assert exported["nmt_queue_capacity"] == [{"model": MODEL, "__value__": 1024.0}]
+    assert sorted(exported["nmt_model_info"], key=lambda m: m["model"]) == [
+        {"model": name, "version": "1", "variant": "fp32", "provider": "CPUExecutionProvider", "__value__": 1.0}
+        for name in SHIPPED]
+    assert sorted(exported["nmt_queue_capacity"], key=lambda m: m["model"]) == [
+        {"model": name, "__value__": 1024.0} for name in SHIPPED]
 
 
 _PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",

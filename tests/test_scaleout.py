@@ -290,7 +290,7 @@ def test_targets_choose_the_policy_and_carry_retries_and_keepalive():
     assert sc["healthCheckConfig"] == {"serviceName": SERVICE_NAME}
     (method,) = sc["methodConfig"]
     assert method["name"] == [{"service": SERVICE_NAME}]
-    assert method["retryPolicy"]["retryableStatusCodes"] == ["UNAVAILABLE"] and method["retryPolicy"]["maxAttempts"] == 5
+    assert method["retryPolicy"]["retryableStatusCodes"] == ["UNAVAILABLE", "CANCELLED"] and method["retryPolicy"]["maxAttempts"] == 5
     assert opts["grpc.enable_retries"] == 1
     # The client's pings stay within what the server accepts by default.
     assert opts["grpc.keepalive_time_ms"] >= ServerConfig().keepalive_min_ping_interval_ms

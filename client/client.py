@@ -25,7 +25,7 @@ import asyncio
 import random
 import time
 from pathlib import Path
-from typing import AsyncIterator, Iterator, Optional, Sequence
+from typing import AsyncIterator, Callable, Iterator, Optional, Sequence
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -35,6 +35,8 @@ from protos.nmt.v1 import translator_pb2 as pb
 from protos.nmt.v1 import translator_pb2_grpc as pb_grpc
 
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE,)
+# A stream reset by a proxy before any message (CANCELLED, not by us) is as safe to retry as a refusal.
+STREAM_RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
 STATUS_DETAILS = "grpc-status-details-bin"  # a google.rpc.Status (RetryInfo and the like)
 
 
@@ -117,6 +119,41 @@ def _pause(err, attempt: int, base: float) -> Optional[float]:
     return None
 
 
+class _RetriedStream:
+    """A TranslateStream call retried, with backoff, when it fails retryably before its first message
+    (a proxy such as nginx turns a draining replica's refusal into a response gRPC's own retry
+    policy may not retry). Once a message has arrived, an error is the caller's: nothing is sent twice.
+    Iterates like the call and keeps its cancel()."""
+
+    def __init__(self, start: Callable[[], Iterator], retries: int, backoff: float):
+        self._start, self._retries, self._backoff = start, retries, backoff
+        self._call, self._started, self._cancelled = start(), False, False
+
+    def __iter__(self) -> "_RetriedStream":
+        return self
+
+    def __next__(self) -> pb.TranslateStreamResponse:
+        attempt = 0
+        while True:
+            try:
+                message = next(self._call)
+                self._started = True
+                return message
+            except grpc.RpcError as err:
+                if self._started or self._cancelled or attempt >= self._retries or err.code() not in STREAM_RETRYABLE:
+                    raise
+                time.sleep(_backoff(attempt, self._backoff))
+                attempt += 1
+                self._call = self._start()
+
+    def cancel(self) -> bool:
+        self._cancelled = True
+        return self._call.cancel()
+
+    def __getattr__(self, name):  # code(), details(), trailing_metadata() ... of the current attempt
+        return getattr(self._call, name)
+
+
 class TranslatorClient:
     def __init__(self, target: str = "localhost:50051", timeout: Optional[float] = 30.0, retries: int = 3,
                  backoff: float = 0.1, channel: Optional[grpc.Channel] = None, *, tls: bool = False,
@@ -173,8 +210,9 @@ class TranslatorClient:
         req = pb.TranslateStreamRequest(model=model, text=text, options=options(**decoding),
                                         source_language=source_language, target_language=target_language,
                                         split_sentences=split_mode(split_sentences), mime_type=mime_type)
-        return self.stub.TranslateStream(req, timeout=self.timeout if timeout is None else timeout,
-                                         metadata=self.metadata)
+        deadline = self.timeout if timeout is None else timeout
+        return _RetriedStream(lambda: self.stub.TranslateStream(req, timeout=deadline, metadata=self.metadata),
+                              self.retries, self.backoff)
 
     def embed(self, texts: Sequence[str], model: str = "", normalize: bool = False,
               timeout: Optional[float] = None) -> pb.EmbedResponse:

@@ -292,11 +292,17 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         # Written with context.write rather than yield, so errors pass through _guard like the unary RPCs.
         async def produce():
             await context.send_initial_metadata(((calls.REQUEST_ID, calls.current().request_id),))
-            sent = None
-            async for message in self._stream(request, context):
-                sent = sent or self.metrics.stream_messages.labels(message.model)
-                sent.inc()  # before the write: the client may read the count once it has the message
-                await context.write(message)
+            sent, stream = None, self._stream(request, context)
+            try:
+                async for message in stream:
+                    sent = sent or self.metrics.stream_messages.labels(message.model)
+                    sent.inc()  # before the write: the client may read the count once it has the message
+                    await context.write(message)
+            finally:
+                # A cancel that lands in write() leaves the generator suspended at its yield: close it
+                # now, so its cleanup (cancelling the jobs, noting the tokens decoded) runs before
+                # _guard records the call, not whenever the generator is collected.
+                await stream.aclose()
         await self._guard("TranslateStream", request, context, produce)
 
     async def _stream(self, request: pb.TranslateStreamRequest, context) -> AsyncIterator:

@@ -26,20 +26,23 @@ class RunawayGuard:
     def repeats_needed(self, n: int) -> int:
         return max(self.min_repeats, math.ceil(self.min_span / n))
 
-    def tripped(self, tokens: list[int], source_len: int) -> bool:
-        """Checked after every appended token: O(1) unless the newest token repeats one n back."""
+    def tripped(self, tokens: list[int], source_len: int, start: int = 0) -> bool:
+        """Whether tokens[start:] (the output; forced tokens before `start` do not count) trips the
+        guard. Checked after every appended token, so it is O(1) unless the newest token repeats one
+        n back: no slice of the output is taken."""
         if not self.enabled:
             return False
-        size = len(tokens)
+        size = len(tokens) - start
         if size > self.length_ratio * source_len + self.length_slack:
             return True
-        last = tokens[-1] if tokens else None
+        last = tokens[-1] if size > 0 else None
         for n in range(1, self.max_ngram + 1):
             k = self.repeats_needed(n)
             if size < n * k or tokens[-1 - n] != last:
                 continue
-            tail = tokens[size - n:]
-            if all(tokens[size - (j + 1) * n:size - j * n] == tail for j in range(1, k)):
+            end = len(tokens)
+            tail = tokens[end - n:]
+            if all(tokens[end - (j + 1) * n:end - j * n] == tail for j in range(1, k)):
                 return True
         return False
 

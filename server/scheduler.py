@@ -252,7 +252,7 @@ class Scheduler:
         parents, tokens = state.beam.advance(logp, state.step, last)
         if state.step >= n_forced:
             self._observe_token(job, now)
-        guarded = not state.beam.finished and self.guard.tripped(state.beam.history[0][n_forced:], len(job.src_ids))
+        guarded = not state.beam.finished and self.guard.tripped(state.beam.history[0], len(job.src_ids), n_forced)
         if guarded:  # the best live beam loops: end with what the beam has
             state.beam.stop(state.step)
             self.m.guarded_rows.inc()

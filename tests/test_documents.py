@@ -142,6 +142,8 @@ def test_runaway_guard_trips_on_loops_only():
     assert guard.tripped([9, 8, 7, 6] * 3, 10)  # a 4-gram three times (span 12)
     assert guard.tripped(list(range(100, 147)), 10)  # 47 > 3.0 * 10 + 16 tokens
     assert not RunawayGuard(enabled=False).tripped([3] * 50, 10)
+    # forced tokens (a target-language token) before `start` are not output: they never count
+    assert guard.tripped([3] * 13, 10, start=1) and not guard.tripped([3] * 12, 10, start=1)
     assert longest_loop([1, 2, 1, 2, 1, 2, 3])[2] == 3
 
 

@@ -64,6 +64,11 @@ def assemble(plan: Plan, events: list[FinishEvent], tok: SubwordTokenizer) -> Do
         text = plan.render([tok.decode(h.token_ids) for h in chosen])
         hyps.append(DocumentHypothesis(text, sum(h.score for h in chosen),
                                        [i for h in chosen for i in h.token_ids]))
+    return _result(hyps, events)
+
+
+def _result(hyps: list[DocumentHypothesis], events: list[FinishEvent]) -> DocumentResult:
+    """The document's totals over its sentences' results (output tokens: the best hypotheses')."""
     return DocumentResult(hyps, merged_reason(events), sum(e.input_tokens for e in events),
                           sum(len(e.hypotheses[0].token_ids) for e in events), merged_timing(events),
                           len(events))
@@ -106,10 +111,7 @@ class DocumentStream:
         return out
 
     def result(self) -> DocumentResult:
-        events = [e for e in self.events if e is not None]
-        return DocumentResult([], merged_reason(events), sum(e.input_tokens for e in events),
-                              sum(len(e.hypotheses[0].token_ids) for e in events), merged_timing(events),
-                              len(events))
+        return _result([], [e for e in self.events if e is not None])
 
     def _advance(self) -> str:
         out = []

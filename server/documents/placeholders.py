@@ -91,6 +91,7 @@ def _anchor(marks: list[Mark], bounds: list[int], source: list[str], target: lis
     (names, numbers, cognates: "guitar" ~ "Gitarre", "helmet" ~ "Helm"), keeping the order of all
     marks; otherwise its relative position stands."""
     opened: dict[str, list[int]] = {}
+    bare_target = [_bare(w) for w in target]
     for i, mark in enumerate(marks):
         name = re.match(r"</?([A-Za-z][\w\-]*)", mark.text)
         if not name:
@@ -104,11 +105,11 @@ def _anchor(marks: list[Mark], bounds: list[int], source: list[str], target: lis
         a = starts.pop()
         inner = [_bare(w) for w in source[marks[a].words_before:mark.words_before] if len(_bare(w)) >= 3]
         best, at = 0.0, -1
-        for j, word in enumerate(target):
-            if len(_bare(word)) < 3:  # "in", "a": too short to be recognisably anything
+        for j, word in enumerate(bare_target):
+            if len(word) < 3:  # "in", "a": too short to be recognisably anything
                 continue
             for w in inner:
-                score = difflib.SequenceMatcher(None, w, _bare(word)).ratio()
+                score = difflib.SequenceMatcher(None, w, word).ratio()
                 if score > best or (score == best and abs(j - bounds[a]) < abs(at - bounds[a])):
                     best, at = score, j
         if best < 0.6:

@@ -6,6 +6,7 @@ One server subprocess serves the module (its stderr goes to a file: a pipe nobod
 and block it); the tracing tests run an in-process server with an in-memory span exporter.
 """
 import asyncio
+import contextlib
 import contextvars
 import hashlib
 import io
@@ -175,20 +176,32 @@ def test_invalid_argument_is_logged_with_its_request_id(served):
     assert r["queue_s"] is None and r["first_token_s"] is None  # it never reached the engine
 
 
+@contextlib.contextmanager
+def json_lines(logger_name: str):
+    """Records of one logger, formatted as the server formats them (JSON, call context stamped),
+    into a StringIO for the duration; the logger's level and handlers are restored after."""
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(logs.json_formatter())
+    handler.addFilter(logs.CallContext())
+    logger = logging.getLogger(logger_name)
+    previous = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield out
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(previous)
+
+
 def test_cancelled_stream_is_logged():
     """In process, with the engine held after a few tokens, so the stream is surely still running
     when it is cancelled (a subprocess server cannot be held: the stream might finish first)."""
-    lines = io.StringIO()
-    handler = logging.StreamHandler(lines)
-    handler.setFormatter(logs.json_formatter())
-    handler.addFilter(logs.CallContext())
-    access = logging.getLogger("nmt.access")
-    access.addHandler(handler)
-    previous = access.level
-    access.setLevel(logging.INFO)
     srv = ServerThread(metrics_port=-1, warmup=False).start()
     try:
-        with grpc.insecure_channel(srv.target) as channel, EngineGate(srv.app.models[MODEL], let_through=3) as gate:
+        with json_lines("nmt.access") as lines, grpc.insecure_channel(srv.target) as channel, \
+                EngineGate(srv.app.models[MODEL], let_through=3) as gate:
             request = pb.TranslateStreamRequest(text="A man in a blue shirt walks down a busy street.",
                                                 options=pb.DecodingOptions(temperature=5.0, seed=3,
                                                                            max_output_tokens=200))
@@ -206,8 +219,6 @@ def test_cancelled_stream_is_logged():
         assert r["model"] == MODEL and r["output_tokens"] >= len(first.token_ids) >= 1
         assert r["first_token_s"] is not None
     finally:
-        access.removeHandler(handler)
-        access.setLevel(previous)
         srv.stop()
 
 
@@ -403,13 +414,7 @@ class FakeContext:
 
 
 def test_log_lines_written_during_a_call_carry_its_request_id():
-    out = io.StringIO()
-    handler = logging.StreamHandler(out)
-    handler.setFormatter(logs.json_formatter())
-    handler.addFilter(logs.CallContext())
     logger = logging.getLogger("tests.observability")
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
     ctx = FakeContext([("x-request-id", "abc-1"), ("x-forwarded-for", "10.1.2.3")])
 
     async def handle():
@@ -419,10 +424,8 @@ def test_log_lines_written_during_a_call_carry_its_request_id():
         await asyncio.get_running_loop().run_in_executor(None, run)
         call.end(grpc.StatusCode.OK)
         logger.info("after the call")
-    try:
+    with json_lines("tests.observability") as out:
         asyncio.run(handle())
-    finally:
-        logger.removeHandler(handler)
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     assert [(r["message"], r.get("request_id")) for r in lines] == \
         [("in the handler", "abc-1"), ("in a worker thread", "abc-1"), ("after the call", None)]

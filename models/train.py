@@ -34,6 +34,10 @@ from models.core.tokenizer import SubwordTokenizer, train_tokenizer
 from models.gru import GRU_PRESETS, gru_preset
 
 
+# Transformer shape flags that override the preset (the run's config is saved in every checkpoint).
+SHAPE_FLAGS = ("d_model", "n_heads", "n_enc_layers", "n_dec_layers", "d_ff")
+
+
 def inverse_sqrt(step: int, warmup: int) -> float:
     """LR multiplier: linear warm-up to 1 over `warmup` steps, then sqrt(warmup / step)."""
     step = max(step, 1)
@@ -118,6 +122,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--label-smoothing", type=float, default=0.1)
     p.add_argument("--dropout", type=float, help="override the preset's dropout")
     p.add_argument("--attn-dropout", type=float, help="override the preset's attention dropout (transformer only)")
+    for flag, key in (("--d-model", "d_model"), ("--heads", "n_heads"), ("--enc-layers", "n_enc_layers"),
+                      ("--dec-layers", "n_dec_layers"), ("--d-ff", "d_ff")):
+        p.add_argument(flag, type=int, dest=key, help=f"override the transformer preset's {key}")
     p.add_argument("--clip", type=float, default=1.0)
     p.add_argument("--precision", default="bf16", choices=["fp32", "bf16"],
                    help="bf16 autocast for the forward pass (master weights stay fp32); "
@@ -133,6 +140,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error(f"--preset {args.preset} is not a {args.arch} preset")
     if args.arch == "gru" and args.attn_dropout is not None:
         p.error("--attn-dropout applies to the transformer only")
+    if args.arch == "gru" and any(getattr(args, k) is not None for k in SHAPE_FLAGS):
+        p.error("--d-model/--heads/--enc-layers/--dec-layers/--d-ff apply to the transformer only")
     return args
 
 
@@ -160,6 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides["dropout"] = args.dropout
     if args.attn_dropout is not None:
         overrides["attn_dropout"] = args.attn_dropout
+    overrides.update({k: getattr(args, k) for k in SHAPE_FLAGS if getattr(args, k) is not None})
     cfg = gru_preset(args.preset, **overrides) if args.arch == "gru" else preset(args.preset, **overrides)
     limit = cfg.max_positions
 

@@ -109,9 +109,13 @@ def timings(t) -> pb.Timings:
     return pb.Timings(queue_seconds=s["queue"], first_token_seconds=s["first_token"], total_seconds=s["total"])
 
 
-# A client whose own deadline fires cancels the call (RST_STREAM) a moment before the server's copy
-# of that deadline expires: a cancellation this close to the deadline is the deadline.
-DEADLINE_SLACK_S = 0.05
+# A client whose own deadline fires cancels the call (RST_STREAM) before the server's copy of that
+# deadline expires. The server's copy starts when the request arrived, so it runs late by the
+# request's delivery time: on a loaded machine (2 cores, CPU-bound processes beside the server) that
+# was seen above 50 ms, and a deadline was then counted as a cancellation. A cancellation this
+# close to the deadline is the deadline; a client cancelling on purpose within 250 ms of its own
+# deadline is counted as a deadline too, which is what it was close to becoming.
+DEADLINE_SLACK_S = 0.25
 
 
 def _call_over(context) -> Optional[grpc.StatusCode]:

@@ -12,16 +12,26 @@ Here every MatMul (and the tied output projection's Gemm) with a constant
 weight W (K, N) becomes:
 
     s   = max(|x|, last axis) / 127                    # (..., 1): one scale per row (token)
-    q   = uint8(round(x / s) + 128)                    # symmetric, stored with zero point 128
-    y   = MatMulInteger(q, W_q, 128)                   # int32, exact; W_q int8 (K, N)
-    out = float(y) * s * w_scale                       # w_scale (N,): max(|W[:, n]|) / 127
+    q   = QuantizeLinear(x, s, 128, block_size=K)      # uint8 round(x / s) + 128: one block per row
+    y   = MatMulIntegerToFloat(q, W_q, 1, w_scale, 128)  # (q - 128) @ W_q, exact in int32, times w_scale (N,)
+    out = y * s (+ bias)                               # w_scale = max(|W[:, n]|) / 127
 
 A row's result depends on that row alone, and the integer product is exact,
 so the graph is as batch-invariant as its fp32 parts. The uint8-activation,
 int8-weight product is the pair ONNX Runtime's CPU GEMM (MLAS) runs fastest on
 AVX2 and VNNI. The attention products (between two activations) and
 everything else stay fp32. K * 127 * 127 must stay below 2^24 for the int32 ->
-float cast to be exact (K <= 1040); larger K is refused.
+float conversion to be exact (K <= 1040); larger K is refused.
+
+Why these two operators (chosen by profile, benchmarks/ort_profile.py): the
+first version spelled the same arithmetic as Div, Round, Add, Cast before
+MatMulInteger and Cast, Mul, Mul after it: nine full passes over the
+activations around each GEMM, which at batch 32 cost as much as the GEMMs
+themselves (the logits product's (B, V) output alone went through three).
+QuantizeLinear with one block per row (opset 21's blocked quantisation) is one
+pass, and MatMulIntegerToFloat applies the per-column weight scale inside the
+GEMM's output stage. The graph is moved to opset 21 for it, after checking
+that every operator in it means the same there (OPSET_SAFE).
 """
 from __future__ import annotations
 
@@ -29,9 +39,36 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 MAX_K = (1 << 24) // (127 * 127)
+OPSET = 21  # blocked QuantizeLinear
+# Operators whose schema changed between opset 13 and 21 only by accepting more types
+# (float8, int4, strings): a graph using nothing else means the same at opset 21.
+OPSET_SAFE = {"Cast", "CastLike", "Constant", "ConstantOfShape", "Equal", "Flatten", "Identity", "Reshape",
+              "Shape", "Size", "Squeeze", "Transpose", "Unsqueeze"}
+
+
+def _move_to_opset(model: onnx.ModelProto) -> None:
+    """Raise the default-domain opset to OPSET, refusing (with every culprit named) a graph that
+    uses an operator whose meaning changed on the way."""
+    from onnx import defs
+
+    current = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if current is None or current >= OPSET:
+        return
+    changed = sorted({n.op_type for n in model.graph.node if n.domain in ("", "ai.onnx")
+                      and defs.get_schema(n.op_type, current).since_version
+                      != defs.get_schema(n.op_type, OPSET).since_version
+                      and n.op_type not in OPSET_SAFE})
+    if changed:
+        raise ValueError(f"int8: moving the graph from opset {current} to {OPSET} (blocked QuantizeLinear) would "
+                         f"change the meaning of: {', '.join(changed)}")
+    for o in model.opset_import:
+        if o.domain in ("", "ai.onnx"):
+            o.version = OPSET
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
 
 
 def _weight_of(node: onnx.NodeProto, inits: dict) -> np.ndarray | None:
@@ -51,13 +88,16 @@ def _weight_of(node: onnx.NodeProto, inits: dict) -> np.ndarray | None:
 def quantize_rowwise(src: Path, dst: Path) -> int:
     """Rewrite `src` into `dst` as above; returns how many products became int8."""
     model = onnx.load(str(src))
+    _move_to_opset(model)
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
-    shared = [numpy_helper.from_array(np.array(127.0, np.float32), "q_127"),
+    shared = [numpy_helper.from_array(np.array(1.0 / 127.0, np.float32), "q_inv_127"),
               numpy_helper.from_array(np.array(1e-12, np.float32), "q_eps"),
-              numpy_helper.from_array(np.array(128.0, np.float32), "q_128f"),
-              numpy_helper.from_array(np.array(128, np.uint8), "q_zero")]
+              numpy_helper.from_array(np.array(1.0, np.float32), "q_one"),
+              numpy_helper.from_array(np.array(128, np.uint8), "q_zero"),
+              numpy_helper.from_array(np.array([-1], np.int64), "q_last")]
     nodes, count = [], 0
+    quantized: dict[str, tuple[str, str]] = {}  # activation -> (uint8 rows, row scales): once per activation
     for node in graph.node:
         w = _weight_of(node, inits)
         if w is None or w.shape[0] > MAX_K:
@@ -70,23 +110,27 @@ def quantize_rowwise(src: Path, dst: Path) -> int:
         graph.initializer.extend([numpy_helper.from_array(w_q, p + "w"),
                                   numpy_helper.from_array(w_scale.astype(np.float32), p + "w_scale")])
         x, out = node.input[0], node.output[0]
-        y = p + "y" if node.op_type == "Gemm" and len(node.input) > 2 else out
+        if x not in quantized:
+            nodes += [
+                helper.make_node("Abs", [x], [p + "abs"]),
+                helper.make_node("ReduceMax", [p + "abs", "q_last"], [p + "max"], keepdims=1),
+                helper.make_node("Max", [p + "max", "q_eps"], [p + "max_eps"]),
+                helper.make_node("Mul", [p + "max_eps", "q_inv_127"], [p + "s"]),  # (..., 1)
+                helper.make_node("Shape", [p + "s"], [p + "s_shape"]),
+                helper.make_node("Expand", ["q_zero", p + "s_shape"], [p + "zp"]),  # (..., 1) uint8 128
+                helper.make_node("QuantizeLinear", [x, p + "s", p + "zp"], [p + "xq"], axis=-1,
+                                 block_size=int(w.shape[0])),
+            ]
+            quantized[x] = (p + "xq", p + "s")
+        xq, s = quantized[x]
         nodes += [
-            helper.make_node("Abs", [x], [p + "abs"]),
-            helper.make_node("ReduceMax", [p + "abs"], [p + "max"], axes=[-1], keepdims=1),
-            helper.make_node("Max", [p + "max", "q_eps"], [p + "max_eps"]),
-            helper.make_node("Div", [p + "max_eps", "q_127"], [p + "s"]),  # (..., 1)
-            helper.make_node("Div", [x, p + "s"], [p + "xs"]),
-            helper.make_node("Round", [p + "xs"], [p + "xr"]),
-            helper.make_node("Add", [p + "xr", "q_128f"], [p + "xo"]),
-            helper.make_node("Cast", [p + "xo"], [p + "xq"], to=TensorProto.UINT8),
-            helper.make_node("MatMulInteger", [p + "xq", p + "w", "q_zero"], [p + "acc"]),
-            helper.make_node("Cast", [p + "acc"], [p + "accf"], to=TensorProto.FLOAT),
-            helper.make_node("Mul", [p + "accf", p + "s"], [p + "rows"]),
-            helper.make_node("Mul", [p + "rows", p + "w_scale"], [y]),
+            helper.make_node("MatMulIntegerToFloat", [xq, p + "w", "q_one", p + "w_scale", "q_zero"], [p + "acc"],
+                             domain="com.microsoft"),
+            helper.make_node("Mul", [p + "acc", s], [p + "y" if node.op_type == "Gemm" and len(node.input) > 2
+                                                     else out]),
         ]
-        if y != out:  # Gemm's bias
-            nodes.append(helper.make_node("Add", [y, node.input[2]], [out]))
+        if node.op_type == "Gemm" and len(node.input) > 2:  # Gemm's bias, after the row scale
+            nodes.append(helper.make_node("Add", [p + "y", node.input[2]], [out]))
     graph.ClearField("node")
     graph.node.extend(nodes)
     graph.initializer.extend(shared)

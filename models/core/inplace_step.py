@@ -7,11 +7,15 @@ the slot buffers. Nothing is gathered, concatenated or scattered: per step the
 engine writes B token ids and one scalar, and reads B rows of logits, however
 long the rows' pasts are.
 
-The binding is kept from step to step and rebuilt only when the number of
-running rows changes: every bound array keeps its address (tokens, the cache's
-`length` and `src_len`, the scalar, the logits buffer), so the values written
-into them in place are what the next run reads. Rebuilding costs about as much
-as a small step (~0.05-0.6 ms, benchmarks/spike_gqa/README.md).
+One binding per number of running rows, built the first time that count
+runs and kept: every bound array keeps its address for the cache's life
+(tokens, the cache's `length` and `src_len`, the scalar, the logits buffer,
+the slot buffers' views), so the values written into them in place are what
+the next run reads. Building one costs about as much as a small step
+(~0.05-0.6 ms, benchmarks/spike_gqa/README.md), and under steady traffic the
+row count changes almost every step (py-spy put rebuilding at ~3% of the
+engine thread at 64 streams when only the last binding was kept); at most
+`capacity` bindings exist.
 """
 from __future__ import annotations
 
@@ -38,10 +42,9 @@ class InPlaceStep:
         self.total = np.zeros((), dtype=np.int32)
         self.logits = lazy_zeros((n, 1, vocab_size))
         self.layers = cache.k.shape[0]
-        self._binding: ort.IOBinding | None = None
-        self._rows = -1  # rows the binding was made for
+        self._bindings: dict[int, ort.IOBinding] = {}  # running rows -> their binding
 
-    def _rebind(self, b: int) -> ort.IOBinding:
+    def _bind_rows(self, b: int) -> ort.IOBinding:
         c = self.cache
         binding = self.session.io_binding()
         _bind(binding, "tokens", self.tokens[:b])
@@ -67,8 +70,9 @@ class InPlaceStep:
         if longest >= c.max_target:
             raise RuntimeError(f"a row reached the cache's {c.max_target} positions")
         self.total[()] = longest + 1
-        if b != self._rows:
-            self._binding, self._rows = self._rebind(b), b
-        self.session.run_with_iobinding(self._binding)
+        binding = self._bindings.get(b)
+        if binding is None:
+            binding = self._bindings[b] = self._bind_rows(b)
+        self.session.run_with_iobinding(binding)
         c.advance()
         return self.logits[:b, 0]

@@ -186,3 +186,38 @@ def test_forced_length_decoding_matches(repo):
     ours = onnx_greedy(onnx_model, ids, mask, max_len=9, min_len=9)
     assert ours == torch_greedy(model, torch.from_numpy(ids), max_len=9, min_len=9)
     assert [len(x) for x in ours] == [9, 9] and all(2 not in x for x in ours)
+
+
+def test_int8_graph_uses_one_quantize_per_activation(repo):
+    """Products sharing an input share its quantisation; no elementwise passes remain around them."""
+    import onnx
+    _, out = repo
+    graph = onnx.load(str(out / "tiny-xx-yy" / "1" / "decoder_inplace.int8.onnx"), load_external_data=False)
+    ops = [n.op_type for n in graph.graph.node]
+    assert "MatMulInteger" not in ops and "Round" not in ops
+    products = [n for n in graph.graph.node if n.op_type == "MatMulIntegerToFloat"]
+    quantized = [n for n in graph.graph.node if n.op_type == "QuantizeLinear"]
+    assert products and len({n.input[0] for n in products}) == len(quantized) <= len(products)
+    assert next(o.version for o in graph.opset_import if o.domain in ("", "ai.onnx")) == 21
+
+
+def test_int8_refuses_a_graph_whose_operators_change_meaning_at_opset_21(tmp_path):
+    """Moving to opset 21 would silently reinterpret ReduceMean's `axes` attribute (an input since 18):
+    every such operator is named, and nothing is written."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from export.quantize import quantize_rowwise
+    w = numpy_helper.from_array(np.ones((4, 3), np.float32), "w")
+    nodes = [helper.make_node("ReduceMean", ["x"], ["m"], axes=[-1], keepdims=1),
+             helper.make_node("Sub", ["x", "m"], ["c"]),
+             helper.make_node("Split", ["c"], ["c1", "c2"], axis=-1),
+             helper.make_node("Concat", ["c1", "c2"], ["c3"], axis=-1),
+             helper.make_node("MatMul", ["c3", "w"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])], [w])
+    src = tmp_path / "old.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(src))
+    with pytest.raises(ValueError, match="ReduceMean, Split"):
+        quantize_rowwise(src, tmp_path / "new.onnx")
+    assert not (tmp_path / "new.onnx").exists()

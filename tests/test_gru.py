@@ -161,3 +161,18 @@ def test_train_cli_gru_checkpoint_loads_in_evaluate(tmp_path, capsys):
     # Resuming a GRU run as a Transformer is refused instead of loading mismatched weights.
     with pytest.raises(SystemExit, match="is a gru run"):
         train.main([a if a != "gru" else "transformer" for a in args] + ["--resume"])
+
+
+@pytest.mark.skipif(not MULTI30K.exists(), reason="no ../shared/data/multi30k here")
+def test_train_cli_shape_flags_override_the_transformer_preset(tmp_path):
+    out = tmp_path / "run"
+    args = ["--preset", "tiny", "--d-model", "32", "--heads", "2", "--enc-layers", "3", "--dec-layers", "1",
+            "--d-ff", "48", "--data-dir", str(MULTI30K), "--out", str(out), "--vocab-size", "600", "--epochs", "1",
+            "--max-steps", "3", "--val-sentences", "4", "--max-tokens", "800", "--precision", "fp32",
+            "--threads", "1"]
+    assert train.main(args) == 0
+    model, _, _ = load_checkpoint(out / "best.pt")
+    cfg = model.cfg
+    assert (cfg.d_model, cfg.n_heads, cfg.n_enc_layers, cfg.n_dec_layers, cfg.d_ff) == (32, 2, 3, 1, 48)
+    with pytest.raises(SystemExit):
+        train.parse_args(["--arch", "gru", "--preset", "tiny", "--out", str(out), "--d-model", "64"])

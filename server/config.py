@@ -41,6 +41,9 @@ HELP = {
                "runs it: CPU), inplace, or copy (decoder_step.onnx over gathered copies of the cache)",
     "intra_op_threads": "ONNX Runtime intra-op threads shared by every session; 0 = one per physical core",
     "inter_op_threads": "ONNX Runtime inter-op threads (graphs run sequentially; 1 is right)",
+    "ort_spinning": "ONNX Runtime's intra-op workers spin-wait between kernels (true/false). true: one pool "
+                    "shared by every session, fastest when the engine has the cores; false: a pool per session "
+                    "whose workers sleep, leaving idle cycles to the gRPC threads and to other processes",
     "max_batch_size": "decode rows (KV cache slots) per model: the continuous batch's width; >= 1",
     "max_batch_tokens": "source tokens per encoder pass; >= --max-source-tokens",
     "max_encode_padding": "admitted texts are encoded in length groups padded at most this share; in [0, 1)",
@@ -108,6 +111,7 @@ class ServerConfig:
     decoder: str = "auto"  # auto | inplace | copy
     intra_op_threads: int = 0
     inter_op_threads: int = 1
+    ort_spinning: bool = True
     max_batch_size: int = 64  # decode rows (KV cache slots) per model
     max_batch_tokens: int = 4096  # source tokens per encoder pass
     max_encode_padding: float = 0.15  # admitted texts are encoded in groups padded at most this much

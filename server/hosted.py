@@ -37,7 +37,9 @@ class HostedModel:
         keep_freed_memory()
         self.runtime = OnnxModel(bundle, RuntimeOptions(variant=cfg.variant, provider=cfg.provider, decoder=cfg.decoder,
                                                         intra_op_threads=cfg.intra_op_threads,
-                                                        inter_op_threads=cfg.inter_op_threads))
+                                                        inter_op_threads=cfg.inter_op_threads,
+                                                        shared_pool=cfg.ort_spinning,
+                                                        allow_spinning=cfg.ort_spinning))
         spec = bundle.spec
         self.max_source = min(cfg.max_source_tokens, spec.max_positions)
         self.max_output = min(cfg.max_output_tokens, spec.max_positions - 1)

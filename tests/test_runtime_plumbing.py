@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import threading
@@ -105,6 +106,31 @@ assert np.array_equal(a.encode(ids, mask)[0], b.encode(ids, mask)[0])
 print("ok")
 """
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_ort_spinning_false_gives_each_session_its_own_sleeping_pool():
+    # `--ort-spinning false` (NMT_ORT_SPINNING): per-session pools whose workers do not spin; a fresh
+    # interpreter, as the process-wide pool can only be chosen before ONNX Runtime starts.
+    code = """
+import os
+from models.core.bundle import discover
+from server.config import ServerConfig
+from server.hosted import HostedModel
+from server.metrics import Metrics
+cfg = ServerConfig.from_args(["--model-repository", "model_repository", "--intra-op-threads", "2"])
+assert cfg.ort_spinning is False, cfg.ort_spinning
+threads = lambda: len(os.listdir("/proc/self/task"))  # noqa: E731
+before = threads()
+model = HostedModel(discover("model_repository")[0], cfg, Metrics())
+opts = model.runtime.opts
+assert (opts.shared_pool, opts.allow_spinning) == (False, False)
+# Two sessions (encoder, in-place step), a one-worker pool each: two threads, not the shared pool's one.
+assert threads() - before == 2, threads() - before
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "NMT_ORT_SPINNING": "false"})
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
 

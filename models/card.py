@@ -20,13 +20,17 @@ from models.data import MULTI30K_COMMIT, MULTI30K_SHA256
 from models.transformer import Transformer
 
 
+# Flags whose argparse dest differs from the flag's name (models/train.py's shape overrides).
+FLAGS = {"n_heads": "--heads", "n_enc_layers": "--enc-layers", "n_dec_layers": "--dec-layers"}
+
+
 def command_of(args: dict) -> str:
     flags = []
     for key, value in args.items():
         # Thread counts and resumption change speed, not the result (seeded, deterministic batches).
         if key in ("resume", "threads") or value is None or value is False:
             continue
-        flag = "--" + key.replace("_", "-")
+        flag = FLAGS.get(key, "--" + key.replace("_", "-"))
         flags.append(flag if value is True else f"{flag} {value}")
     return "python -m models.train " + " ".join(flags)
 
@@ -52,6 +56,16 @@ def selection_table(rows: list[dict]) -> list[str]:
 LANGUAGE_NAMES = {"en": "English", "de": "German", "fr": "French"}
 
 
+SHAPE_ARGS = {"d_model": "d_model", "n_heads": "heads", "n_enc_layers": "encoder layers",
+              "n_dec_layers": "decoder layers", "d_ff": "FFN"}
+
+
+def shape_note(args: dict) -> str:
+    """', its shape overridden (d_model 128, ...)' when the run's flags changed the preset's dimensions."""
+    changed = [f"{label} {args[key]}" for key, label in SHAPE_ARGS.items() if args.get(key) is not None]
+    return f", its shape overridden ({', '.join(changed)})" if changed else ""
+
+
 def render(state: dict, log: list[dict], quality: dict, name: str, selection: list[dict] | None = None,
            quality_file: str = "docs/quality.json") -> str:
     cfg = ModelConfig.from_dict(state["config"])
@@ -69,7 +83,7 @@ def render(state: dict, log: list[dict], quality: dict, name: str, selection: li
         "",
         f"{LANGUAGE_NAMES.get(src, src)}→{LANGUAGE_NAMES.get(tgt, tgt)} translation, trained from scratch on "
         f"Multi30k (task 1) with this repository's "
-        f"`{meta.get('preset', '?')}` preset.",
+        f"`{meta.get('preset', '?')}` preset{shape_note(meta['args'])}.",
         "",
         "## Model",
         "",
@@ -86,7 +100,10 @@ def render(state: dict, log: list[dict], quality: dict, name: str, selection: li
         f"- Time: {train_s / 60:.0f} minutes of training steps over {len(epochs)} epochs on a 2-core CPU "
         f"({meta['args'].get('precision', 'fp32')}{' autocast' if meta['args'].get('precision') == 'bf16' else ''}, "
         f"{meta['args'].get('threads') or 'default'} thread(s)), {min(tps):,}–{max(tps):,} target tokens/s; validation "
-        "after each epoch not counted.",
+        "after each epoch not counted."
+        + (f" The run was stopped after epoch {len(epochs)} of the {meta['args']['epochs']} it was started for "
+           "(the session's time ran out; the schedule does not depend on the total)."
+           if len(epochs) < meta["args"].get("epochs", len(epochs)) else ""),
         "- Data: Multi30k task 1 raw (`train`, validation on `val`), upstream commit "
         f"`{MULTI30K_COMMIT[:7]}`. SHA-256 of the files used:",
         "",

@@ -40,7 +40,8 @@ def prepare(work: Path, precisions: list[str]) -> dict:
     """Per precision: our repository (with the variant) and the CTranslate2 model directory."""
     from benchmarks.ct2_convert import convert
     repo = ROOT / "model_repository"
-    bundle = next(p for p in repo.iterdir() if p.is_dir()) / "1"
+    from models.core.bundle import discover
+    bundle = next(b.path for b in discover(repo) if b.name == CKPT.parent.name)  # its served (highest) version
     out = {}
     for prec in precisions:
         ours_repo = repo

@@ -116,6 +116,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         port = free_port()
         proc = subprocess.Popen([sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port),
                                  "--metrics-port", "-1", "--decoder", decoder, "--max-queue-size", "4096",
+                                 # The reference has no runaway guard; what the guard changes (loops only)
+                                 # is measured by benchmarks/runaway.py.
+                                 "--runaway-guard", "false",
                                  "--variant", args.variant],
                                 cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:

@@ -1,6 +1,6 @@
 """How often inline HTML tags land on the right words after translation.
 
-    python -m benchmarks.tag_placement [--bundle model_repository/multi30k-en-de-small/1] \\
+    python -m benchmarks.tag_placement [--bundle model_repository/multi30k-en-de-small/2] \\
         [--out docs/benchmarks/tag_placement.md]
 
 A hand-labelled set: English captions with one inline element around a word or
@@ -59,7 +59,7 @@ _INNER = re.compile(r"<(b|i|a|em|span)\b[^>]*>(.*?)</\1>", re.S)
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--bundle", default=str(ROOT / "model_repository" / "multi30k-en-de-small" / "1"))
+    p.add_argument("--bundle", default=str(ROOT / "model_repository" / "multi30k-en-de-small" / "2"))
     p.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "tag_placement.md"))
     args = p.parse_args()
     bundle = load_bundle(Path(args.bundle))

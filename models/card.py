@@ -156,6 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--quality", required=True)
     p.add_argument("--name", default="multi30k-en-de-small")
     p.add_argument("--selection", help="JSON lines of models.evaluate --json runs on the validation set")
+    p.add_argument("--runs", help="Markdown list of every training run tried for this model (kept, abandoned, "
+                                  "replaced), appended as the card's run history")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     selection = ([json.loads(x) for x in Path(args.selection).read_text().splitlines() if x.strip()]
@@ -163,7 +165,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     state = torch.load(args.checkpoint, map_location="cpu", weights_only=True)
     log = [json.loads(line) for line in Path(args.train_log).read_text().splitlines() if line.strip()]
     quality = json.loads(Path(args.quality).read_text())
-    Path(args.out).write_text(render(state, log, quality, args.name, selection, args.quality))
+    card = render(state, log, quality, args.name, selection, args.quality)
+    if args.runs:
+        card += "\n## Every run for this model\n\n" + Path(args.runs).read_text().strip() + "\n"
+    Path(args.out).write_text(card)
     print(args.out)
     return 0
 

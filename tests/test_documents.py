@@ -268,9 +268,10 @@ def test_split_modes_through_the_server(stub):
     assert counts == {pb.SPLIT_SENTENCES_ON: 3, pb.SPLIT_SENTENCES_NEWLINES: 2, pb.SPLIT_SENTENCES_OFF: 1}
 
 
-LOOPING = ["A film crew films a young African boy in a yellow shirt.",  # "Ein Filmmmmmmmmm..." (test set, greedy)
-           "An Oriental traveler awaits his turn at the currency exchange.",  # "Ein Oriotototot..."
-           "I'm fit.", "I love my life."]  # Tatoeba, out of domain: "I I I I I ..."
+# Inputs the shipped En->De model (version 2) loops on with greedy decoding (docs/runaway.md).
+LOOPING = ["A male worker with his tool box is kneeling next to two women.",  # "Ein Mann mit Werkzeuggrühhhh..." (test)
+           "A man in Brazil giving an informal talk to young adults.",  # "Ein Mann in Brahhhhhhh..."
+           "I'm fair.", "I beg your pardon?"]  # Tatoeba, out of domain: "Idmmmmmm...", "Ihrhrhrhr..."
 
 
 def test_runaway_guard_stops_loops_through_the_server(stub, server):

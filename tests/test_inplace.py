@@ -20,7 +20,7 @@ from models.core.static_decode import pad_batch
 from server.engine import Engine
 from server.metrics import Metrics
 
-BUNDLE = REPOSITORY / "multi30k-en-de-small" / "1"
+BUNDLE = REPOSITORY / "multi30k-en-de-small" / "2"
 SLOTS, MAX_SOURCE, MAX_TARGET = 8, 40, 48
 
 

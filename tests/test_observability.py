@@ -248,7 +248,8 @@ def test_every_line_is_json_and_startup_is_logged(served):
     records = served.records()
     loaded = [r for r in records if r.get("event") == "model_loaded"]
     assert sorted((r["model"], r["version"], r["provider"]) for r in loaded) == \
-        [(name, 1, "CPUExecutionProvider") for name in SHIPPED]
+        [(b.name, b.version, "CPUExecutionProvider") for b in sorted(discover(ROOT / "model_repository"),
+                                                                      key=lambda b: b.name)]
     assert serving["grpc_port"] == served.port and serving["metrics_port"] == served.metrics_port
     assert serving["models"] == SHIPPED and serving["config"]["log_format"] == "json"
     assert serving["build"]["python"] == platform.python_version()
@@ -279,8 +280,8 @@ def test_process_and_build_info_metrics(served):
                      "onnxruntime": onnxruntime.__version__, "grpc": grpc.__version__, "__value__": 1.0}
     assert build["version"] not in ("", "unknown")
     assert sorted(exported["nmt_model_info"], key=lambda m: m["model"]) == [
-        {"model": name, "version": "1", "variant": "fp32", "provider": "CPUExecutionProvider", "__value__": 1.0}
-        for name in SHIPPED]
+        {"model": b.name, "version": str(b.version), "variant": "fp32", "provider": "CPUExecutionProvider",
+         "__value__": 1.0} for b in sorted(discover(ROOT / "model_repository"), key=lambda b: b.name)]
     assert sorted(exported["nmt_queue_capacity"], key=lambda m: m["model"]) == [
         {"model": name, "__value__": 1024.0} for name in SHIPPED]
 

@@ -6,7 +6,7 @@ import time
 import grpc
 import numpy as np
 import pytest
-from serving import EngineGate, ServerThread, flickr_sentences
+from serving import REPOSITORY, EngineGate, ServerThread, flickr_sentences
 
 from client import TranslatorClient
 from models.core.bundle import discover
@@ -35,12 +35,17 @@ def code_of(call) -> grpc.StatusCode:
     return err.value.code(), err.value.details()
 
 
+def default_bundle():
+    """The served version of the default model (its dimensions are the API's, e.g. the embedding size)."""
+    return next(b for b in discover(REPOSITORY) if b.name == "multi30k-en-de-small")
+
+
 def test_list_models_and_translate(client):
     models = client.list_models()
     assert models.default_model == "multi30k-en-de-small"
     info = models.models[0]
     assert (info.source_language, info.target_language, info.is_default) == ("en", "de", True)
-    assert info.max_source_tokens > 0 and info.embedding_dimension == 256
+    assert info.max_source_tokens > 0 and info.embedding_dimension == default_bundle().spec.d_model
     resp = client.translate(["A man is riding a bike.", "Two dogs are playing in the snow."], return_scores=True,
                             return_tokens=True)
     assert resp.model == "multi30k-en-de-small" and len(resp.translations) == 2
@@ -178,7 +183,8 @@ def test_num_hypotheses_from_beam(client):
 def test_embed(client):
     texts = ["A dog runs on the beach.", "A man is riding a bike."]
     both = client.embed(texts)
-    assert both.dimension == 256 and len(both.embeddings[0].values) == 256
+    d_model = default_bundle().spec.d_model
+    assert both.dimension == d_model and len(both.embeddings[0].values) == d_model
     alone = client.embed(texts[1:])
     assert np.allclose(both.embeddings[1].values, alone.embeddings[0].values, atol=1e-5)  # padding-masked
     unit = client.embed(texts, normalize=True)

@@ -59,18 +59,10 @@ def run_worker(args: argparse.Namespace) -> dict:
         from models.core.runtime import OnnxModel, RuntimeOptions
         model = OnnxModel(load_bundle(args.bundle), RuntimeOptions(variant=engine.split("-")[1], provider="cpu",
                                                                    intra_op_threads=threads))
-        run_time = [0.0]
-        # The step static greedy runs: the in-place graph through IO binding when the bundle has it.
-        session, method = (model.inplace, "run_with_iobinding") if model.inplace is not None else (model.decoder,
-                                                                                                   "run")
-        inner = getattr(session, method)
-
-        def timed_run(*a, **kw):  # split each step into ONNX Runtime vs numpy/Python
-            t0 = time.perf_counter()
-            out = inner(*a, **kw)
-            run_time[0] += time.perf_counter() - t0
-            return out
-        setattr(session, method, timed_run)
+        # Split each step into ONNX Runtime vs numpy/Python: the step session static greedy runs
+        # (the in-place graph when the bundle has it).
+        from benchmarks.serving_load import time_inside
+        inside_step = time_inside(model.inplace if model.inplace is not None else model.decoder)
 
         def decode(group):
             src, mask = static_decode.pad_batch(group, 0)
@@ -86,15 +78,14 @@ def run_worker(args: argparse.Namespace) -> dict:
                                              max_batch_size=batch)
             return [[tok.tok.token_to_id(p) for p in r.hypotheses[0]] for r in res]
     decode(groups[0])  # warm-up: first-run allocations, lazy initialisation
-    if engine.startswith("ort"):
-        run_time[0] = 0.0
+    step0 = inside_step() if engine.startswith("ort") else 0.0
     t0 = time.perf_counter()
     outputs = [out for g in groups for out in decode(g)]
     elapsed = time.perf_counter() - t0
     produced = sum(len(o) for o in outputs)
     if engine.startswith("ort"):
         steps = len(groups) * n_tok
-        profile = {"ms_per_step": 1e3 * elapsed / steps, "ort_ms_per_step": 1e3 * run_time[0] / steps}
+        profile = {"ms_per_step": 1e3 * elapsed / steps, "ort_ms_per_step": 1e3 * (inside_step() - step0) / steps}
     return {"engine": engine, "threads": threads, "batch": batch, "tokens": produced, "seconds": elapsed,
             "tokens_per_s": produced / elapsed, "outputs": outputs, "profile": profile}
 

@@ -104,11 +104,11 @@ def component_costs(runtime, tok, texts: Sequence[str], out_len: float) -> dict:
     return out
 
 
-def time_inside_ort(runtime) -> Callable[[], float]:
-    """Wrap the model's sessions' run methods; returns a reader of the seconds spent inside them.
+def time_inside(*sessions) -> Callable[[], float]:
+    """Wrap the sessions' run methods; returns a reader of the seconds spent inside them so far.
 
-    The engine's wall time over this is what the serving code (scheduler, sampler, relays, the
-    asyncio side) costs on top of ONNX Runtime running the very same step shapes.
+    A serving or decoding loop's wall time over this is what its own code (scheduler, sampler,
+    relays, numpy) costs on top of ONNX Runtime running the very same shapes.
     """
     spent = [0.0]
 
@@ -122,7 +122,7 @@ def time_inside_ort(runtime) -> Callable[[], float]:
             finally:
                 spent[0] += time.perf_counter() - t
         setattr(session, method, run)
-    for session in (runtime.encoder, runtime.inplace if runtime.inplace is not None else runtime.decoder):
+    for session in sessions:
         for method in ("run", "run_with_iobinding"):
             timed(session, method)
     return lambda: spent[0]
@@ -137,7 +137,8 @@ async def inprocess(args, texts) -> dict:
     from server.request import DecodingParams, ErrorEvent, FinishEvent, TokenEvent
     cfg = ServerConfig.from_args(server_flags(args))
     model = HostedModel(discover(args.repository)[0], cfg, Metrics())
-    inside_ort = time_inside_ort(model.runtime)
+    runtime = model.runtime
+    inside_ort = time_inside(runtime.encoder, runtime.inplace if runtime.inplace is not None else runtime.decoder)
     model.start()
     loop = asyncio.get_running_loop()
 

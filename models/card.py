@@ -17,11 +17,8 @@ import torch
 
 from models.core.config import ModelConfig
 from models.data import MULTI30K_COMMIT, MULTI30K_SHA256
+from models.train import SHAPE_FLAGS
 from models.transformer import Transformer
-
-
-# Flags whose argparse dest differs from the flag's name (models/train.py's shape overrides).
-FLAGS = {"n_heads": "--heads", "n_enc_layers": "--enc-layers", "n_dec_layers": "--dec-layers"}
 
 
 def command_of(args: dict) -> str:
@@ -30,7 +27,7 @@ def command_of(args: dict) -> str:
         # Thread counts and resumption change speed, not the result (seeded, deterministic batches).
         if key in ("resume", "threads") or value is None or value is False:
             continue
-        flag = FLAGS.get(key, "--" + key.replace("_", "-"))
+        flag = SHAPE_FLAGS.get(key, "--" + key.replace("_", "-"))  # their dest differs from the flag
         flags.append(flag if value is True else f"{flag} {value}")
     return "python -m models.train " + " ".join(flags)
 

@@ -34,8 +34,10 @@ from models.core.tokenizer import SubwordTokenizer, train_tokenizer
 from models.gru import GRU_PRESETS, gru_preset
 
 
-# Transformer shape flags that override the preset (the run's config is saved in every checkpoint).
-SHAPE_FLAGS = ("d_model", "n_heads", "n_enc_layers", "n_dec_layers", "d_ff")
+# Transformer shape flags that override the preset, by config field (the run's config is saved in every
+# checkpoint; models/card.py spells a run's command with these names).
+SHAPE_FLAGS = {"d_model": "--d-model", "n_heads": "--heads", "n_enc_layers": "--enc-layers",
+               "n_dec_layers": "--dec-layers", "d_ff": "--d-ff"}
 
 
 def inverse_sqrt(step: int, warmup: int) -> float:
@@ -122,8 +124,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--label-smoothing", type=float, default=0.1)
     p.add_argument("--dropout", type=float, help="override the preset's dropout")
     p.add_argument("--attn-dropout", type=float, help="override the preset's attention dropout (transformer only)")
-    for flag, key in (("--d-model", "d_model"), ("--heads", "n_heads"), ("--enc-layers", "n_enc_layers"),
-                      ("--dec-layers", "n_dec_layers"), ("--d-ff", "d_ff")):
+    for key, flag in SHAPE_FLAGS.items():
         p.add_argument(flag, type=int, dest=key, help=f"override the transformer preset's {key}")
     p.add_argument("--clip", type=float, default=1.0)
     p.add_argument("--precision", default="bf16", choices=["fp32", "bf16"],
@@ -141,7 +142,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.arch == "gru" and args.attn_dropout is not None:
         p.error("--attn-dropout applies to the transformer only")
     if args.arch == "gru" and any(getattr(args, k) is not None for k in SHAPE_FLAGS):
-        p.error("--d-model/--heads/--enc-layers/--dec-layers/--d-ff apply to the transformer only")
+        p.error(f"{'/'.join(SHAPE_FLAGS.values())} apply to the transformer only")
     return args
 
 

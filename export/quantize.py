@@ -112,6 +112,7 @@ def quantize_rowwise(src: Path, dst: Path) -> int:
         graph.initializer.extend([numpy_helper.from_array(w_q, p + "w"),
                                   numpy_helper.from_array(w_scale.astype(np.float32), p + "w_scale")])
         x, out = node.input[0], node.output[0]
+        bias = node.input[2] if node.op_type == "Gemm" and len(node.input) > 2 else None
         if x not in quantized:
             nodes += [
                 helper.make_node("Abs", [x], [p + "abs"]),
@@ -128,11 +129,10 @@ def quantize_rowwise(src: Path, dst: Path) -> int:
         nodes += [
             helper.make_node("MatMulIntegerToFloat", [xq, p + "w", "q_one", p + "w_scale", "q_zero"], [p + "acc"],
                              domain="com.microsoft"),
-            helper.make_node("Mul", [p + "acc", s], [p + "y" if node.op_type == "Gemm" and len(node.input) > 2
-                                                     else out]),
+            helper.make_node("Mul", [p + "acc", s], [p + "y" if bias else out]),
         ]
-        if node.op_type == "Gemm" and len(node.input) > 2:  # Gemm's bias, after the row scale
-            nodes.append(helper.make_node("Add", [p + "y", node.input[2]], [out]))
+        if bias:  # Gemm's bias, after the row scale
+            nodes.append(helper.make_node("Add", [p + "y", bias], [out]))
     graph.ClearField("node")
     graph.node.extend(nodes)
     graph.initializer.extend(shared)

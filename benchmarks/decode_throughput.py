@@ -114,6 +114,32 @@ def spawn(args: argparse.Namespace, engine: str, threads: int, batch: int, ct2_d
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def measure(args: argparse.Namespace, ct2_dirs: dict, lengths: list[int]) -> dict:
+    """{(engine, batch, forced length): the result of the median round, best over args.threads}.
+
+    Each cell runs in its own process (spawn); rounds rotate the engines' order, so a slow spell
+    of a shared machine does not hit one engine alone.
+    """
+    runs: dict = {}  # (engine, batch, tokens, threads) -> results of every round
+    for rnd in range(args.repeats):
+        order = args.engines[rnd % len(args.engines):] + args.engines[:rnd % len(args.engines)]
+        for engine in order:
+            for b in args.batch_sizes:
+                for n in lengths:
+                    for t in args.threads:
+                        args.tokens = n
+                        r = spawn(args, engine, t, b, ct2_dirs)
+                        print(f"round {rnd + 1} {engine:16s} batch {b:3d} tokens {n:4d} threads {t}: "
+                              f"{r['tokens_per_s']:8.0f} tok/s", file=sys.stderr)
+                        runs.setdefault((engine, b, n, t), []).append(r)
+    best: dict = {}
+    for (engine, b, n, _), rs in runs.items():
+        r = sorted(rs, key=lambda x: x["tokens_per_s"])[len(rs) // 2]  # the median round
+        if (engine, b, n) not in best or r["tokens_per_s"] > best[(engine, b, n)]["tokens_per_s"]:
+            best[(engine, b, n)] = r
+    return best
+
+
 def render(results: dict, args: argparse.Namespace, versions: dict) -> str:
     batch_sizes = args.batch_sizes
     lines = ["# Greedy decoding throughput", "",
@@ -188,24 +214,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
     versions = {"torch": torch.__version__, "onnxruntime": onnxruntime.__version__,
                 "ctranslate2": ctranslate2.__version__}
-    results: dict = {}
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         ct2_dirs = prepare(args, Path(tmp))
-        runs: dict = {}  # (engine, batch, threads) -> results of every round
-        for rnd in range(args.repeats):
-            # Rounds rotate the engines' order, so a slow spell of a shared machine does not hit one alone.
-            order = args.engines[rnd % len(args.engines):] + args.engines[:rnd % len(args.engines)]
-            for engine in order:
-                for b in args.batch_sizes:
-                    for t in args.threads:
-                        r = spawn(args, engine, t, b, ct2_dirs)
-                        print(f"round {rnd + 1} {engine:16s} batch {b:3d} threads {t}: "
-                              f"{r['tokens_per_s']:8.0f} tok/s", file=sys.stderr)
-                        runs.setdefault((engine, b, t), []).append(r)
-        for (engine, b, t), rs in runs.items():
-            r = sorted(rs, key=lambda x: x["tokens_per_s"])[len(rs) // 2]  # the median round
-            if (engine, b) not in results or r["tokens_per_s"] > results[(engine, b)]["tokens_per_s"]:
-                results[(engine, b)] = r
+        cells = measure(args, ct2_dirs, [args.tokens])
+    results = {(engine, b): r for (engine, b, _), r in cells.items()}
     table = render(results, args, versions)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

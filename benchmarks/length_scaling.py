@@ -21,33 +21,18 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
-from benchmarks.decode_throughput import prepare, spawn
+from benchmarks.decode_throughput import measure, prepare
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINES = ["ort-fp32", "ct2-float32", "ort-int8", "ct2-int8"]
 
 
-def measure(args: argparse.Namespace) -> dict:
+def measure_lengths(args: argparse.Namespace) -> dict:
     """{(engine, batch, length): best-of-threads median tokens/s}."""
     with tempfile.TemporaryDirectory(prefix="lengths-") as tmp:
         ct2_dirs = prepare(args, Path(tmp))
-        runs: dict = {}
-        for rnd in range(args.repeats):
-            order = args.engines[rnd % len(args.engines):] + args.engines[:rnd % len(args.engines)]
-            for engine in order:
-                for b in args.batch_sizes:
-                    for n in args.lengths:
-                        for t in args.threads:
-                            args.tokens = n
-                            r = spawn(args, engine, t, b, ct2_dirs)
-                            print(f"round {rnd + 1} {engine:12s} batch {b:3d} tokens {n:4d} threads {t}: "
-                                  f"{r['tokens_per_s']:8.0f} tok/s", file=sys.stderr)
-                            runs.setdefault((engine, b, n, t), []).append(r["tokens_per_s"])
-    best: dict = {}
-    for (engine, b, n, _), rates in runs.items():
-        median = sorted(rates)[len(rates) // 2]
-        best[(engine, b, n)] = max(best.get((engine, b, n), 0.0), median)
-    return best
+        cells = measure(args, ct2_dirs, args.lengths)
+    return {key: r["tokens_per_s"] for key, r in cells.items()}
 
 
 def render(best: dict, args: argparse.Namespace) -> str:
@@ -102,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", default=str(ROOT / "docs/benchmarks/length_scaling.md"))
     args = p.parse_args(argv)
     args.argv = list(argv if argv is not None else sys.argv[1:])
-    best = measure(args)
+    best = measure_lengths(args)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render(best, args))

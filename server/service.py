@@ -109,22 +109,26 @@ def timings(t) -> pb.Timings:
     return pb.Timings(queue_seconds=s["queue"], first_token_seconds=s["first_token"], total_seconds=s["total"])
 
 
-# A client whose own deadline fires cancels the call (RST_STREAM) before the server's copy of that
-# deadline expires. The server's copy starts when the request arrived, so it runs late by the
-# request's delivery time: on a loaded machine (2 cores, CPU-bound processes beside the server) that
-# was seen above 50 ms, and a deadline was then counted as a cancellation. A cancellation this
-# close to the deadline is the deadline; a client cancelling on purpose within 250 ms of its own
-# deadline is counted as a deadline too, which is what it was close to becoming.
+# A client whose own deadline fires cancels the call (RST_STREAM), and that can reach the server a
+# few milliseconds before the server's copy of the same deadline expires: the handler is then
+# cancelled with time still remaining, and grpc's context says neither done() nor cancelled() yet
+# (seen every time with a 1 s deadline on a request held in the queue). The server's copy starts
+# when the request arrived, so on a loaded machine it can also run later than the client's by the
+# request's delivery time. A cancellation this close to the deadline is the deadline; a client
+# cancelling on purpose within 250 ms of its own deadline is counted as a deadline too, which is
+# what it was close to becoming.
 DEADLINE_SLACK_S = 0.25
 
 
-def _call_over(context) -> Optional[grpc.StatusCode]:
+def _call_over(context, known_over: bool = False) -> Optional[grpc.StatusCode]:
     """DEADLINE_EXCEEDED or CANCELLED when the call is already over (grpc core answered the client),
-    else None. A status sent on such a call fails inside grpc with a logged traceback."""
+    else None. A status sent on such a call fails inside grpc with a logged traceback.
+    `known_over`: the caller knows it is over (its task was cancelled, or a write found it gone),
+    whatever the context says yet."""
     remaining = context.time_remaining()
     if remaining is not None and remaining <= 0:
         return grpc.StatusCode.DEADLINE_EXCEEDED
-    if context.done() or context.cancelled():
+    if known_over or context.done() or context.cancelled():
         if remaining is not None and remaining <= DEADLINE_SLACK_S:
             return grpc.StatusCode.DEADLINE_EXCEEDED
         return grpc.StatusCode.CANCELLED
@@ -180,7 +184,7 @@ class TranslatorService(pb_grpc.TranslatorServicer):
             raise asyncio.CancelledError() from None
         except (asyncio.CancelledError, ExecuteBatchError):
             # The client cancelled, the deadline passed, or a write found the call gone.
-            code = _call_over(context) or grpc.StatusCode.CANCELLED
+            code = _call_over(context, known_over=True)
             raise asyncio.CancelledError() from None
         except grpc.aio.AbortError:
             raise

@@ -136,6 +136,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--keep-epochs", type=int, default=5, help="epoch_NNN.pt files kept")
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--resume", action="store_true", help="continue from OUT/last.pt")
+    p.add_argument("--init-from", help="start from this checkpoint's weights (same shape) and continue its "
+                   "schedule and epoch count from its step/epoch, with a fresh optimizer; for runs that outlive "
+                   "a machine, where only the weights survived")
+    p.add_argument("--rewarm", type=int, default=300,
+                   help="with --init-from: steps of linear warm-up while the fresh optimizer's moments settle")
+    p.add_argument("--cooldown", action="store_true",
+                   help="decay the learning rate linearly to 0 by the last epoch (on top of inverse-sqrt)")
     args = p.parse_args(argv)
     if args.preset not in (GRU_PRESETS if args.arch == "gru" else PRESETS):
         p.error(f"--preset {args.preset} is not a {args.arch} preset")
@@ -190,8 +197,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.98), eps=1e-9)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: inverse_sqrt(s, args.warmup))
     step, start_epoch, best_bleu = 0, 1, -1.0
+    first_step = 0  # where a run begun with --init-from took over its source's schedule
+    if args.init_from:
+        src_state = torch.load(args.init_from, map_location="cpu", weights_only=False)
+        if src_state.get("arch", "transformer") != args.arch or src_state["config"] != cfg.to_dict():
+            raise SystemExit(f"{args.init_from} has another architecture or shape than this run's flags give")
+        model.load_state_dict(src_state["model"])
+        first_step = step = int(src_state["meta"]["step"])
+        start_epoch = int(src_state["meta"]["epoch"]) + 1
+    steps_per_epoch = len(token_batches([len(x) for x, _ in train_data], [len(y) for _, y in train_data],
+                                        args.max_tokens, shuffle=False))
+    last_step = first_step + max(1, args.epochs - start_epoch + 1) * steps_per_epoch
+
+    def lr_factor(s: int) -> float:
+        # LambdaLR counts its own steps from 0; the run's step is first_step + s
+        f = inverse_sqrt(first_step + s, args.warmup)
+        if args.init_from:
+            f *= min(1.0, (s + 1) / max(1, args.rewarm))
+        if args.cooldown:
+            f *= max(0.0, (last_step - first_step - s) / (last_step - first_step))
+        return f
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
     log_path = out / "train.jsonl"
     if args.resume and (out / "last.pt").exists():
         state = torch.load(out / "last.pt", map_location="cpu", weights_only=False)

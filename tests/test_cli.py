@@ -52,6 +52,30 @@ def test_resume_continues_where_it_stopped(run_dir):
     assert [r["epoch"] for r in epochs if r["kind"] == "epoch"] == [1, 2]
 
 
+def test_init_from_continues_a_checkpoints_schedule_with_a_fresh_optimizer(run_dir, tmp_path):
+    """Only a run's weights survived (another machine): go on from its step and epoch."""
+    out, args = run_dir
+    source = out / "epoch_001.pt"  # epoch 1, step 4
+    cont = tmp_path / "cont"
+    cont.mkdir()
+    (cont / "tokenizer.json").write_bytes((out / "tokenizer.json").read_bytes())
+    more = list(args)
+    more[more.index("--out") + 1] = str(cont)
+    more[more.index("--epochs") + 1] = "2"
+    more[more.index("--max-steps") + 1] = "6"
+    more[more.index("--log-every") + 1] = "1"
+    assert train.main(more + ["--init-from", str(source), "--rewarm", "4"]) == 0
+    rows = [json.loads(x) for x in (cont / "train.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r["kind"] == "train"]
+    assert [(r["epoch"], r["step"]) for r in steps] == [(2, 5), (2, 6)]
+    # the schedule goes on at step 5 (inverse sqrt, warm-up 800), halved by the re-warm's 2nd of 4 steps
+    assert steps[0]["lr"] == pytest.approx(1e-3 * train.inverse_sqrt(5, 800) * 0.5)
+    with pytest.raises(SystemExit, match="another architecture or shape"):
+        other = list(more)
+        other[other.index("--preset") + 1] = "small"
+        train.main(other + ["--init-from", str(source), "--out", str(tmp_path / "other")])
+
+
 def test_evaluate_prints_sacrebleu_signature(run_dir, tmp_path):
     out, _ = run_dir
     src = tmp_path / "src.en"

@@ -32,6 +32,24 @@ def command_of(args: dict) -> str:
     return "python -m models.train " + " ".join(flags)
 
 
+def stages_of(log: list[dict], meta: dict) -> list[tuple[str, dict]]:
+    """(command, start row) of every stage in the log, in order: a run, then any run continuing its
+    weights (--init-from) where it stopped. Restarts with --resume repeat their stage's command."""
+    starts = [(command_of(r["args"]), r) for r in log if r["kind"] == "start"]
+    stages = [st for i, st in enumerate(starts) if i == 0 or st[0] != starts[i - 1][0]]
+    return stages or [(command_of(meta["args"]), {"step": 0, "epoch": 1})]
+
+
+def training_lines(log: list[dict], meta: dict) -> list[str]:
+    stages = stages_of(log, meta)
+    if len(stages) == 1:
+        return [f"- Command: `{stages[0][0]}`"]
+    return ["- Commands, in stages (a stage with --init-from continues the previous stage's weights, its step "
+            "and epoch count, with a fresh optimizer):",
+            *[f"  {i + 1}. `{cmd}`" + (f" (from epoch {row['epoch']}, step {row['step']})" if row["step"] else "")
+              for i, (cmd, row) in enumerate(stages)]]
+
+
 def checkpoint_line(meta: dict, epochs: int) -> str:
     if "averaged_from" in meta:
         return (f"- Checkpoint: the weights averaged over {', '.join(meta['averaged_from'])} "
@@ -93,14 +111,14 @@ def render(state: dict, log: list[dict], quality: dict, name: str, selection: li
         "",
         "## Training",
         "",
-        f"- Command: `{command_of(meta['args'])}`",
+        *training_lines(log, meta),
         f"- Time: {train_s / 60:.0f} minutes of training steps over {len(epochs)} epochs on a 2-core CPU "
         f"({meta['args'].get('precision', 'fp32')}{' autocast' if meta['args'].get('precision') == 'bf16' else ''}, "
         f"{meta['args'].get('threads') or 'default'} thread(s)), {min(tps):,}–{max(tps):,} target tokens/s; validation "
         "after each epoch not counted."
-        + (f" The run was stopped after epoch {len(epochs)} of the {meta['args']['epochs']} it was started for "
+        + (f" The run was stopped after epoch {epochs[-1]['epoch']} of the {meta['args']['epochs']} it was started for "
            "(the session's time ran out; the schedule does not depend on the total)."
-           if len(epochs) < meta["args"].get("epochs", len(epochs)) else ""),
+           if epochs[-1]["epoch"] < meta["args"].get("epochs", epochs[-1]["epoch"]) else ""),
         "- Data: Multi30k task 1 raw (`train`, validation on `val`), upstream commit "
         f"`{MULTI30K_COMMIT[:7]}`. SHA-256 of the files used:",
         "",

@@ -77,3 +77,15 @@ def test_the_card_reports_the_measured_quality():
     assert quality["signature"] in card
     assert f"{quality['pytorch']['beam5']:.2f}" in card and f"{quality['onnx_int8_beam5']['bleu']:.2f}" in card
     assert Path(PRETRAINED / "curve.png").stat().st_size > 10_000
+
+
+def test_the_card_is_what_its_files_give(tmp_path, monkeypatch):
+    """The card is generated, never edited by hand: regenerated from the shipped checkpoint, log,
+    selection and run history it is byte-identical (a continued run's stages included)."""
+    from models import card
+    monkeypatch.chdir(ROOT)  # the card names docs/quality.json as the repository does
+    out = tmp_path / "MODEL_CARD.md"
+    assert card.main(["--checkpoint", str(PRETRAINED / "model.pt"), "--train-log", str(PRETRAINED / "train.jsonl"),
+                      "--quality", "docs/quality.json", "--selection", str(PRETRAINED / "selection.jsonl"),
+                      "--runs", str(PRETRAINED / "RUNS.md"), "--out", str(out)]) == 0
+    assert out.read_text() == (PRETRAINED / "MODEL_CARD.md").read_text()

@@ -4,7 +4,10 @@
 #   docker build -t nmt-serve .
 #   docker run -p 50051:50051 -p 9090:9090 nmt-serve
 #   docker run -p 50051:50051 -v /srv/models:/app/model_repository:ro nmt-serve
-FROM python:3.11-slim
+# A build host that cannot reach Docker Hub can build on a local Debian base instead:
+#   sh deploy/offline-base.sh && docker build --build-arg BASE_IMAGE=nmt-offline-base:3.11 -t nmt-serve .
+ARG BASE_IMAGE=python:3.11-slim
+FROM ${BASE_IMAGE}
 
 WORKDIR /app
 ENV PYTHONUNBUFFERED=1 \
@@ -18,13 +21,19 @@ ENV PYTHONUNBUFFERED=1 \
 RUN groupadd --system --gid 10001 nmt \
     && useradd --system --uid 10001 --gid nmt --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin nmt
 
-COPY pyproject.toml README.md ./
+COPY pyproject.toml ./
+# The dependencies (~230 MB) in a layer of their own, keyed on pyproject.toml only: a change to the
+# code rebuilds the small layer below, not this one.
+RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+print('\n'.join(p['dependencies'] + p['optional-dependencies']['serve']))" > /tmp/requirements.txt \
+    && pip install --no-cache-dir -r /tmp/requirements.txt && rm /tmp/requirements.txt
+COPY README.md ./
 COPY protos/ protos/
 COPY server/ server/
 COPY client/ client/
 COPY models/__init__.py models/
 COPY models/core/ models/core/
-RUN pip install --no-cache-dir ".[serve]"
+RUN pip install --no-cache-dir --no-deps ".[serve]"
 COPY model_repository/ model_repository/
 VOLUME ["/app/model_repository"]
 

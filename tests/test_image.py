@@ -3,8 +3,8 @@ through its own HEALTHCHECK, runs as uid 10001 on a read-only /app, and drains o
 
 Without a daemon (CI's machine, most laptops in a sandbox) the test skips and says so; the
 Dockerfiles are then only checked statically (tests/test_deploy.py). The base image is
-NMT_IMAGE_BASE (default python:3.11-slim, pulled if missing); a host without Docker Hub builds
-one first with deploy/offline-base.sh and sets NMT_IMAGE_BASE=nmt-offline-base:3.11.
+NMT_IMAGE_BASE when set; else python:3.11-slim when local or pullable; else the image that
+deploy/offline-base.sh builds for hosts without Docker Hub (nmt-offline-base:3.11), when built.
 """
 import os
 import shutil
@@ -22,7 +22,7 @@ from serving import ServerThread
 from client import TranslatorClient
 
 ROOT = Path(__file__).resolve().parents[1]
-BASE = os.environ.get("NMT_IMAGE_BASE", "python:3.11-slim")
+OFFICIAL_BASE, OFFLINE_BASE = "python:3.11-slim", "nmt-offline-base:3.11"
 SENTENCES = ["A man rides a bicycle down the street.", "Two dogs play in the snow."]
 
 
@@ -40,12 +40,16 @@ def _free_port() -> int:
 def image():
     if shutil.which("docker") is None or docker("info", check=False, timeout=20).returncode != 0:
         pytest.skip("no Docker daemon answers here (`docker info` fails); the image is checked statically only")
-    if docker("image", "inspect", BASE, check=False).returncode != 0 and \
-            docker("pull", BASE, check=False, timeout=300).returncode != 0:
-        pytest.skip(f"base image {BASE} is neither local nor pullable: build one with deploy/offline-base.sh "
-                    "and set NMT_IMAGE_BASE=nmt-offline-base:3.11")
+    base = os.environ.get("NMT_IMAGE_BASE") or next(
+        (b for b in (OFFICIAL_BASE, OFFLINE_BASE) if docker("image", "inspect", b, check=False).returncode == 0),
+        None)
+    if base is None and docker("pull", OFFICIAL_BASE, check=False, timeout=300).returncode == 0:
+        base = OFFICIAL_BASE
+    if base is None:
+        pytest.skip(f"no base image: {OFFICIAL_BASE} is neither local nor pullable, and {OFFLINE_BASE} is not "
+                    "built (sudo sh deploy/offline-base.sh)")
     tag = f"nmt-serve:test-{uuid.uuid4().hex[:8]}"
-    build = docker("build", "--build-arg", f"BASE_IMAGE={BASE}", "-t", tag, str(ROOT), check=False, timeout=900)
+    build = docker("build", "--build-arg", f"BASE_IMAGE={base}", "-t", tag, str(ROOT), check=False, timeout=900)
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
     yield tag
     docker("rmi", "-f", tag, check=False)

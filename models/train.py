@@ -141,8 +141,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    "a machine, where only the weights survived")
     p.add_argument("--rewarm", type=int, default=300,
                    help="with --init-from: steps of linear warm-up while the fresh optimizer's moments settle")
+    p.add_argument("--bpe-dropout", type=float, default=0.0,
+                   help="re-tokenise the training pairs every epoch with BPE-dropout of this rate (0 = off); "
+                   "validation and the saved tokenizer are unaffected (the tokenizer's own random numbers: "
+                   "such runs are not bit-reproducible)")
     p.add_argument("--cooldown", action="store_true",
-                   help="decay the learning rate linearly to 0 by the last epoch (on top of inverse-sqrt)")
+                   help="decay the learning rate linearly to 0 by the end of the last epoch (on top of inverse-sqrt)")
     args = p.parse_args(argv)
     if args.preset not in (GRU_PRESETS if args.arch == "gru" else PRESETS):
         p.error(f"--preset {args.preset} is not a {args.arch} preset")
@@ -181,9 +185,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = gru_preset(args.preset, **overrides) if args.arch == "gru" else preset(args.preset, **overrides)
     limit = cfg.max_positions
 
-    def encode(pairs):
-        src = tok.encode_batch([p.src for p in pairs])
-        tgt = tok.encode_batch([p.tgt for p in pairs])
+    def encode(pairs, dropout: float = 0.0):
+        if dropout:
+            src = tok.encode_batch_sampled([p.src for p in pairs], dropout)
+            tgt = tok.encode_batch_sampled([p.tgt for p in pairs], dropout)
+        else:
+            src, tgt = tok.encode_batch([p.src for p in pairs]), tok.encode_batch([p.tgt for p in pairs])
         return [(x, y) for x, y in zip(src, tgt) if len(x) <= limit and len(y) <= limit]
 
     train_data, val_data = encode(train_pairs), encode(val_pairs)
@@ -206,9 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         model.load_state_dict(src_state["model"])
         first_step = step = int(src_state["meta"]["step"])
         start_epoch = int(src_state["meta"]["epoch"]) + 1
-    steps_per_epoch = len(token_batches([len(x) for x, _ in train_data], [len(y) for _, y in train_data],
-                                        args.max_tokens, shuffle=False))
-    last_step = first_step + max(1, args.epochs - start_epoch + 1) * steps_per_epoch
+    first_epoch, progress = start_epoch, [0.0]  # progress: share of this run's epochs done (--cooldown)
 
     def lr_factor(s: int) -> float:
         # LambdaLR counts its own steps from 0; the run's step is first_step + s
@@ -216,7 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.init_from:
             f *= min(1.0, (s + 1) / max(1, args.rewarm))
         if args.cooldown:
-            f *= max(0.0, (last_step - first_step - s) / (last_step - first_step))
+            f *= max(0.0, 1.0 - progress[0])
         return f
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
@@ -249,13 +254,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     for epoch in range(start_epoch, args.epochs + 1):
         model.train()
+        if args.bpe_dropout:
+            train_data = encode(train_pairs, args.bpe_dropout)  # a new segmentation every epoch
         batches = token_batches([len(x) for x, _ in train_data], [len(y) for _, y in train_data],
                                 args.max_tokens, shuffle=True, seed=args.seed * 1000 + epoch)
         bar = tqdm(batches, desc=f"epoch {epoch}", unit="batch", file=sys.stderr,
                    mininterval=1.0 if sys.stderr.isatty() else 30.0)
         t_epoch = time.perf_counter()
         win_loss, win_tok, win_t0 = 0.0, 0, time.perf_counter()
-        for idx in bar:
+        for n_done, idx in enumerate(bar):
             src, tgt_in, tgt_out = collate([train_data[i] for i in idx], cfg.pad_id, cfg.bos_id)
             ntok = int((tgt_out != cfg.pad_id).sum())
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
@@ -265,6 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             (loss / ntok).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
             opt.step()
+            progress[0] = (epoch - first_epoch + (n_done + 1) / len(batches)) / max(1, args.epochs - first_epoch + 1)
             sched.step()
             step += 1
             win_loss += loss.item()

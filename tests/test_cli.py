@@ -70,6 +70,18 @@ def test_init_from_continues_a_checkpoints_schedule_with_a_fresh_optimizer(run_d
     assert [(r["epoch"], r["step"]) for r in steps] == [(2, 5), (2, 6)]
     # the schedule goes on at step 5 (inverse sqrt, warm-up 800), halved by the re-warm's 2nd of 4 steps
     assert steps[0]["lr"] == pytest.approx(1e-3 * train.inverse_sqrt(5, 800) * 0.5)
+    # --cooldown scales the same schedule down linearly over the run's batches; --bpe-dropout
+    # re-tokenises the pairs (the run still trains: its loss is logged)
+    cooled = tmp_path / "cooled"
+    cooled.mkdir()
+    (cooled / "tokenizer.json").write_bytes((out / "tokenizer.json").read_bytes())
+    more_cooled = list(more)
+    more_cooled[more_cooled.index("--out") + 1] = str(cooled)
+    assert train.main(more_cooled + ["--init-from", str(source), "--rewarm", "4", "--cooldown",
+                                     "--bpe-dropout", "0.2"]) == 0
+    rows_cooled = [json.loads(x) for x in (cooled / "train.jsonl").read_text().splitlines()]
+    lrs = [r["lr"] for r in rows_cooled if r["kind"] == "train"]
+    assert all(0 < c < plain["lr"] for c, plain in zip(lrs, steps)) and len(lrs) == 2
     with pytest.raises(SystemExit, match="another architecture or shape"):
         other = list(more)
         other[other.index("--preset") + 1] = "small"

@@ -55,3 +55,12 @@ def test_nfc_normalisation():
 def test_batch_encode_matches_single(tok):
     texts = CORPUS[:5]
     assert tok.encode_batch(texts) == [tok.encode(t) for t in texts]
+
+
+def test_bpe_dropout_samples_smaller_pieces_of_the_same_text_and_is_switched_off_after(tok):
+    text = "A man is playing a guitar on the street."
+    plain = tok.encode(text)
+    chars = tok.encode_batch_sampled([text], dropout=1.0)[0]  # every merge skipped: single characters
+    assert tok.decode(chars) == tok.decode(plain) and len(chars) > len(plain)
+    assert all(len(tok.piece(i).lstrip("▁")) <= 1 for i in chars[:-1])
+    assert tok.encode(text) == plain and tok.tok.model.dropout is None  # deterministic again, nothing saved

@@ -104,6 +104,17 @@ class SubwordTokenizer:
         out = [enc.ids for enc in self.tok.encode_batch(list(texts), add_special_tokens=False)]
         return [ids + [self.eos_id] for ids in out] if add_eos else out
 
+    def encode_batch_sampled(self, texts: Sequence[str], dropout: float, add_eos: bool = True) -> list[list[int]]:
+        """BPE-dropout (Provilkov et al., 2020), for training only: each merge is skipped with
+        probability `dropout`, so words also appear split into smaller pieces, the pieces a
+        model otherwise meets only in rare words (where small models start looping)."""
+        model = self.tok.model
+        model.dropout = dropout
+        try:
+            return self.encode_batch(texts, add_eos)
+        finally:
+            model.dropout = None
+
     def piece(self, token_id: int) -> str:
         return self._pieces[token_id]
 

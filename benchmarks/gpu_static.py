@@ -1,6 +1,6 @@
 """Static greedy decoding on the CUDA execution provider: fp32 and fp16, batch 1 to 256.
 
-    python -m benchmarks.gpu_static --bundle model_repository/multi30k-en-de-small/2 \\
+    python -m benchmarks.gpu_static --bundle model_repository/multi30k-en-de-small/3 \\
         --src-file tests/data/test_2016_flickr.head200.en --out docs/benchmarks/gpu_static.md
 
 Every cell decodes the same sentences with exactly --tokens target tokens each
@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Sequence
+
+from models.core.bundle import newest_version
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,7 +58,7 @@ def device_name() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--bundle", default=str(ROOT / "model_repository/multi30k-en-de-small/2"))
+    p.add_argument("--bundle", default=str(newest_version(ROOT / "model_repository" / "multi30k-en-de-small")))
     p.add_argument("--src-file", default=str(ROOT / "tests/data/test_2016_flickr.head200.en"))
     p.add_argument("--sentences", type=int, default=512, help="sentences per cell (the file is cycled)")
     p.add_argument("--tokens", type=int, default=32)

@@ -1,6 +1,6 @@
 """Where a decode step's time goes inside ONNX Runtime, by operator type.
 
-    python -m benchmarks.ort_profile --bundle model_repository/multi30k-en-de-small/2 \
+    python -m benchmarks.ort_profile --bundle model_repository/multi30k-en-de-small/3 \
         [--variant int8] [--batch 32] [--tokens 32] [--threads 1]
 
 Runs static greedy decoding (models/core/static_decode.py, the in-place graph
@@ -18,6 +18,8 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 from typing import Sequence
+
+from models.core.bundle import newest_version
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,7 +53,7 @@ def render(title: str, micros: dict[str, float], counts: dict[str, int], runs: i
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--bundle", default=str(ROOT / "model_repository/multi30k-en-de-small/2"))
+    p.add_argument("--bundle", default=str(newest_version(ROOT / "model_repository" / "multi30k-en-de-small")))
     p.add_argument("--variant", default="int8", help="bundle variant: fp32, int8, ...")
     p.add_argument("--src-file", default=str(ROOT.parent / "shared/data/multi30k/test_2016_flickr.en"))
     p.add_argument("--batch", type=int, default=32, help="sentences decoded together")

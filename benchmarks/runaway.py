@@ -1,6 +1,6 @@
 """Choose and check the runaway guard's bounds (server/runaway.py) on real outputs.
 
-    python -m benchmarks.runaway [--bundle model_repository/multi30k-en-de-small/2] \\
+    python -m benchmarks.runaway [--bundle model_repository/multi30k-en-de-small/3] \\
         [--ood ../shared/data/tatoeba-fra-eng/fra-eng.tsv] [--out docs/runaway.md]
 
 Decodes the whole test_2016_flickr set (greedy and beam 5, as the server would) with the
@@ -26,7 +26,7 @@ import sacrebleu
 from benchmarks.serving_load import wait_serving
 from client.client import AsyncTranslatorClient
 from models.core import static_decode
-from models.core.bundle import load_bundle
+from models.core.bundle import load_bundle, newest_version
 from models.core.runtime import OnnxModel, RuntimeOptions
 from models.core.tokenizer import load_tokenizer
 from protos.nmt.v1 import translator_pb2 as pb
@@ -122,7 +122,7 @@ def server_check(texts: list[str], refs: list[str]) -> list[str]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--bundle", default=str(ROOT / "model_repository" / "multi30k-en-de-small" / "2"))
+    p.add_argument("--bundle", default=str(newest_version(ROOT / "model_repository" / "multi30k-en-de-small")))
     p.add_argument("--test-src", default=str(DATA / "multi30k" / "test_2016_flickr.en"))
     p.add_argument("--ood", default=str(DATA / "tatoeba-fra-eng" / "fra-eng.tsv"),
                    help="out-of-domain English, one sentence per line (or a tab-separated file: first column)")

@@ -1,6 +1,6 @@
 """How often inline HTML tags land on the right words after translation.
 
-    python -m benchmarks.tag_placement [--bundle model_repository/multi30k-en-de-small/2] \\
+    python -m benchmarks.tag_placement [--bundle model_repository/multi30k-en-de-small/3] \\
         [--out docs/benchmarks/tag_placement.md]
 
 A hand-labelled set: English captions with one inline element around a word or
@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 
 from models.core import static_decode
-from models.core.bundle import load_bundle
+from models.core.bundle import load_bundle, newest_version
 from models.core.runtime import OnnxModel, RuntimeOptions
 from models.core.tokenizer import load_tokenizer
 from server.documents.html import plan_html
@@ -59,7 +59,7 @@ _INNER = re.compile(r"<(b|i|a|em|span)\b[^>]*>(.*?)</\1>", re.S)
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--bundle", default=str(ROOT / "model_repository" / "multi30k-en-de-small" / "2"))
+    p.add_argument("--bundle", default=str(newest_version(ROOT / "model_repository" / "multi30k-en-de-small")))
     p.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "tag_placement.md"))
     args = p.parse_args()
     bundle = load_bundle(Path(args.bundle))

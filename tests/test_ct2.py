@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from benchmarks.ct2_convert import convert
+from models.core.bundle import newest_version
 from models.core.config import preset
 from models.core.tokenizer import train_tokenizer
 from models.search import greedy
@@ -55,7 +56,7 @@ def test_baseline_server_gives_our_servers_tokens(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "benchmarks.ct2_server", "--model", str(model_dir),
-                             "--tokenizer", str(ROOT / "model_repository/multi30k-en-de-small/2/tokenizer.json"),
+                             "--tokenizer", str(newest_version(ROOT / "model_repository/multi30k-en-de-small") / "tokenizer.json"),
                              "--port", str(port), "--threads", "1"], cwd=ROOT)
     ours = ServerThread(metrics_port=-1, warmup=False).start()
     texts = flickr_sentences(24)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html.parser
 import random
+import re
 
 import grpc
 import pytest
@@ -268,31 +269,53 @@ def test_split_modes_through_the_server(stub):
     assert counts == {pb.SPLIT_SENTENCES_ON: 3, pb.SPLIT_SENTENCES_NEWLINES: 2, pb.SPLIT_SENTENCES_OFF: 1}
 
 
-# Inputs the shipped En->De model (version 2) loops on with greedy decoding (docs/runaway.md).
-LOOPING = ["A male worker with his tool box is kneeling next to two women.",  # "Ein Mann mit Werkzeuggrühhhh..." (test)
-           "A man in Brazil giving an informal talk to young adults.",  # "Ein Mann in Brahhhhhhh..."
-           "I'm fair.", "I beg your pardon?"]  # Tatoeba, out of domain: "Idmmmmmm...", "Ihrhrhrhr..."
+# Inputs the shipped En->De models have looped on with greedy decoding (docs/runaway.md of versions 1-3):
+# which of them the model being served loops on is found by a server with the guard off, so the tests
+# follow a model swap instead of naming one model's failures.
+LOOP_POOL = ["A male worker with his tool box is kneeling next to two women.",  # "Ein Mann mit Werkzeuggrühhhh..."
+             "A man in Brazil giving an informal talk to young adults.",  # "Ein Mann in Brahhhhhhh..."
+             "A woman acts out a dramatic scene in public behind yellow caution tape.",
+             "The Dali Lama during a reception where participants have brought carnations, parasols and prayer flags.",
+             "People walking about a university campus with palm trees in the background.",
+             # Tatoeba, out of domain
+             "I'm fair.", "I beg your pardon?", "I want you.", "I want these.", "They found us.", "I confiscated it.",
+             "You deserve this.", "Give me your gun.", "Get me the details.", "It sounds great!"]
 
 
-def test_runaway_guard_stops_loops_through_the_server(stub, server):
-    before = server.metric("nmt_runaway_stopped_total", model="multi30k-en-de-small", missing_ok=True)
-    guarded = stub.Translate(pb.TranslateRequest(texts=LOOPING)).translations
-    stopped = [t for t in guarded if t.finish_reason == pb.FINISH_REASON_RUNAWAY]
-    assert len(stopped) >= 3, [t.hypotheses[0].text for t in guarded]
-    assert all(t.output_tokens <= 24 for t in stopped)  # cut within a few words of the loop starting
-    assert server.settled_metric("nmt_runaway_stopped_total", before + len(stopped), model="multi30k-en-de-small")
-    streamed = [list(stub.TranslateStream(pb.TranslateStreamRequest(text=t)))[-1] for t in LOOPING]
-    assert [m.finish_reason for m in streamed] == [t.finish_reason for t in guarded]
-    beam = stub.Translate(pb.TranslateRequest(texts=LOOPING, options=pb.DecodingOptions(beam_size=4)))
-    assert all(t.hypotheses[0].text for t in beam.translations)
-
-
-def test_the_guard_can_be_turned_off():
+@pytest.fixture(scope="module")
+def unguarded():
+    """LOOP_POOL through a server with the guard off: {input: its unguarded translation}."""
     srv = ServerThread(metrics_port=-1, runaway_guard=False, warmup=False).start()
     try:
         with grpc.insecure_channel(srv.target) as channel:
-            out = pb_grpc.TranslatorStub(channel).Translate(pb.TranslateRequest(texts=LOOPING)).translations
-        assert not any(t.finish_reason == pb.FINISH_REASON_RUNAWAY for t in out)
-        assert max(t.output_tokens for t in out) > 24
+            out = pb_grpc.TranslatorStub(channel).Translate(pb.TranslateRequest(texts=LOOP_POOL)).translations
     finally:
         srv.stop()
+    assert not any(t.finish_reason == pb.FINISH_REASON_RUNAWAY for t in out)  # the guard can be turned off
+    return dict(zip(LOOP_POOL, out))
+
+
+def test_runaway_guard_stops_loops_through_the_server(stub, server, unguarded):
+    before = server.metric("nmt_runaway_stopped_total", model="multi30k-en-de-small", missing_ok=True)
+    guarded = dict(zip(LOOP_POOL, stub.Translate(pb.TranslateRequest(texts=LOOP_POOL)).translations))
+    looping = [text for text, t in guarded.items() if t.finish_reason == pb.FINISH_REASON_RUNAWAY]
+    assert len(looping) >= 2, "the served model loops on almost none of LOOP_POOL: add inputs it loops on"
+    for text in looping:  # each cut short of its unguarded output, which repeats a piece back to back
+        full, cut = unguarded[text], guarded[text]
+        assert cut.output_tokens < full.output_tokens
+        assert full.hypotheses[0].text.startswith(cut.hypotheses[0].text[:8])
+        assert re.search(r"(.{1,6}?)\1{5,}", full.hypotheses[0].text), full.hypotheses[0].text
+    assert server.settled_metric("nmt_runaway_stopped_total", before + len(looping), model="multi30k-en-de-small")
+    streamed = [list(stub.TranslateStream(pb.TranslateStreamRequest(text=t)))[-1] for t in looping]
+    assert all(m.finish_reason == pb.FINISH_REASON_RUNAWAY for m in streamed)
+    beam = stub.Translate(pb.TranslateRequest(texts=looping, options=pb.DecodingOptions(beam_size=4)))
+    assert all(t.hypotheses[0].text for t in beam.translations)
+
+
+def test_the_guard_changes_nothing_but_loops(stub, unguarded):
+    """Outputs the guard does not stop are exactly the unguarded ones."""
+    guarded = dict(zip(LOOP_POOL, stub.Translate(pb.TranslateRequest(texts=LOOP_POOL)).translations))
+    sound = [text for text, t in guarded.items() if t.finish_reason != pb.FINISH_REASON_RUNAWAY]
+    assert sound, "every input of LOOP_POOL loops: nothing to compare"
+    for text in sound:
+        assert guarded[text].hypotheses[0].text == unguarded[text].hypotheses[0].text

@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 from serving import REPOSITORY, ServerThread, flickr_sentences
 
-from models.core.bundle import load_bundle
+from models.core.bundle import load_bundle, newest_version
 from models.core.kv_cache import SlotCache
 from models.core.runtime import OnnxModel, RuntimeOptions
 from models.core.static_decode import pad_batch
 from server.engine import Engine
 from server.metrics import Metrics
 
-BUNDLE = REPOSITORY / "multi30k-en-de-small" / "2"
+BUNDLE = newest_version(REPOSITORY / "multi30k-en-de-small")
 SLOTS, MAX_SOURCE, MAX_TARGET = 8, 40, 48
 
 

@@ -160,6 +160,14 @@ def load_bundle(path: str | Path) -> Bundle:
                   config=config, languages=languages)
 
 
+def newest_version(model_dir: str | Path) -> Path | None:
+    """<model>/<highest version number>/, or None when the folder holds no version."""
+    model_dir = Path(model_dir)
+    versions = sorted((int(v.name), v) for v in model_dir.iterdir() if v.is_dir() and v.name.isdigit()) \
+        if model_dir.is_dir() else []
+    return versions[-1][1] if versions else None
+
+
 def discover(repository: str | Path) -> list[Bundle]:
     """Every model in a repository, at its highest version number."""
     repository = Path(repository)
@@ -167,9 +175,9 @@ def discover(repository: str | Path) -> list[Bundle]:
         raise BundleError(f"model repository {repository} is not a directory")
     found = []
     for model_dir in sorted(p for p in repository.iterdir() if p.is_dir()):
-        versions = sorted((int(v.name), v) for v in model_dir.iterdir() if v.is_dir() and v.name.isdigit())
-        if versions:
-            found.append(load_bundle(versions[-1][1]))
+        newest = newest_version(model_dir)
+        if newest is not None:
+            found.append(load_bundle(newest))
     if not found:
         raise BundleError(f"no bundles under {repository} (expected <model>/<version>/config.json)")
     return found

@@ -149,8 +149,9 @@ def render(state: dict, log: list[dict], quality: dict, name: str, selection: li
         f"Beam search: width {q['beam']}, length penalty α = {q['alpha']} (score = log-prob / length^α).",
         f"int8 (weights per output channel, activations per row, so a sentence's output does not depend on "
         f"its batch): BLEU change {-drop:+.2f} with beam search; "
-        f"greedy decoding of the test set at batch 32 is {q['int8_speedup_greedy_b32']:.2f}× faster than fp32 "
-        "(same decoder, same process).",
+        f"greedy decoding of the test set at batch 32 ran at {q['int8_speedup_greedy_b32']:.2f}× fp32's speed "
+        "(same decoder, same process, one timed pass; at this model's width the int8 products save less than "
+        "quantising the activations costs on some CPUs: docs/serving_speed.md has the served comparison).",
         f"Measured by `python -m export.quality` (see {quality_file}).",
         "",
         "## Intended use and limits",

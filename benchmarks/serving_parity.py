@@ -103,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--variant", default="fp32", choices=["fp32", "int8"], help="bundle variant the server runs")
     p.add_argument("--limit", type=int, default=0, help="first N sentences only (0 = all)")
-    p.add_argument("--out", default=str(ROOT / "docs/benchmarks/serving_parity.md"))
+    p.add_argument("--out", help="report file (default docs/benchmarks/serving_parity.md, _int8.md for --variant int8)")
     args = p.parse_args(argv)
     texts = Path(args.src_file).read_text(encoding="utf-8").splitlines()
     texts = texts[:args.limit] if args.limit else texts
@@ -152,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
              "|---|---|---|---|---|---|"]
     lines += [f"| {d} | {a} | {b} | {same} | {n} | {diff or '-'} |" for d, a, b, same, n, diff in rows]
     lines += ["", f"Verdict: **{'FAIL' if failed else 'PASS'}**.", ""]
-    out = Path(args.out)
+    out = Path(args.out or ROOT / "docs/benchmarks" / ("serving_parity.md" if args.variant == "fp32" else f"serving_parity_{args.variant}.md"))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines))
     print(out.read_text())

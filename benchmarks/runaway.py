@@ -91,8 +91,10 @@ async def _served(target: str, texts: list[str], beam: int) -> tuple[list[str], 
     return [t.hypotheses[0].text for t in out], sum(t.finish_reason == pb.FINISH_REASON_RUNAWAY for t in out)
 
 
-def server_check(texts: list[str], refs: list[str]) -> list[str]:
-    """The test set through `python -m server` with the guard on and off: what changes, and BLEU."""
+def server_check(texts: list[str], refs: list[str], bundle: Path) -> list[str]:
+    """The test set through `python -m server` with the guard on and off: what changes, and BLEU.
+    The server serves the repository the bundle is in, with the bundle's model as the default (so
+    the newest version of that model, which the bundle is unless an older one was named)."""
     results = {}
     for guard in ("true", "false"):
         with socket.socket() as sock:
@@ -100,7 +102,8 @@ def server_check(texts: list[str], refs: list[str]) -> list[str]:
             port = sock.getsockname()[1]
         proc = subprocess.Popen([sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port),
                                  "--metrics-port", "-1", "--runaway-guard", guard, "--max-queue-size", "4096",
-                                 "--max-sentences-per-request", "64"], cwd=ROOT,
+                                 "--max-sentences-per-request", "64", "--model-repository", str(bundle.parent.parent),
+                                 "--default-model", bundle.parent.name], cwd=ROOT,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             for beam in (1, 5):
@@ -153,7 +156,7 @@ def main() -> None:
         "tokens it saves |",
         "|---|---|---|---|---|"]
     refs = Path(args.test_src).with_suffix(".de").read_text().splitlines()
-    rows += server_check(test, refs)
+    rows += server_check(test, refs, Path(args.bundle).resolve())
     Path(args.out).write_text("\n".join(head + rows) + "\n")
     print("\n".join(head + rows))
 

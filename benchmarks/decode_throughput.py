@@ -1,7 +1,7 @@
 """Greedy decoding throughput: PyTorch (with / without cache), ONNX Runtime fp32 / int8, CTranslate2 float32 / int8.
 
     python -m benchmarks.decode_throughput --checkpoint models/pretrained/multi30k-en-de-small/model.pt \\
-        --bundle model_repository/multi30k-en-de-small/3
+        --bundle model_repository/multi30k-en-de-small/4
 
 Fairness rules: the same source sentences (the first --sentences of
 test_2016_flickr.en), exactly --tokens target tokens per sentence for every

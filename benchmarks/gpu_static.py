@@ -1,6 +1,6 @@
 """Static greedy decoding on the CUDA execution provider: fp32 and fp16, batch 1 to 256.
 
-    python -m benchmarks.gpu_static --bundle model_repository/multi30k-en-de-small/3 \\
+    python -m benchmarks.gpu_static --bundle model_repository/multi30k-en-de-small/4 \\
         --src-file tests/data/test_2016_flickr.head200.en --out docs/benchmarks/gpu_static.md
 
 Every cell decodes the same sentences with exactly --tokens target tokens each

@@ -1,7 +1,7 @@
 """Does a token cost more when the output is long? Greedy tokens/s at 32, 128 and 256 forced tokens.
 
     python -m benchmarks.length_scaling --checkpoint models/pretrained/multi30k-en-de-small/model.pt \
-        --bundle model_repository/multi30k-en-de-small/3 [--lengths 32,128,256] [--batch-sizes 1,32]
+        --bundle model_repository/multi30k-en-de-small/4 [--lengths 32,128,256] [--batch-sizes 1,32]
 
 A decode step must attend over the row's past, so some growth is the work
 itself; what a serving engine must not add is cost that grows with the past on

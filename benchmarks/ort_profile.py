@@ -1,6 +1,6 @@
 """Where a decode step's time goes inside ONNX Runtime, by operator type.
 
-    python -m benchmarks.ort_profile --bundle model_repository/multi30k-en-de-small/3 \
+    python -m benchmarks.ort_profile --bundle model_repository/multi30k-en-de-small/4 \
         [--variant int8] [--batch 32] [--tokens 32] [--threads 1]
 
 Runs static greedy decoding (models/core/static_decode.py, the in-place graph

@@ -1,6 +1,6 @@
 """Choose and check the runaway guard's bounds (server/runaway.py) on real outputs.
 
-    python -m benchmarks.runaway [--bundle model_repository/multi30k-en-de-small/3] \\
+    python -m benchmarks.runaway [--bundle model_repository/multi30k-en-de-small/4] \\
         [--ood ../shared/data/tatoeba-fra-eng/fra-eng.tsv] [--out docs/runaway.md]
 
 Decodes the whole test_2016_flickr set (greedy and beam 5, as the server would) with the

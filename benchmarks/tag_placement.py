@@ -1,6 +1,6 @@
 """How often inline HTML tags land on the right words after translation.
 
-    python -m benchmarks.tag_placement [--bundle model_repository/multi30k-en-de-small/3] \\
+    python -m benchmarks.tag_placement [--bundle model_repository/multi30k-en-de-small/4] \\
         [--out docs/benchmarks/tag_placement.md]
 
 A hand-labelled set: English captions with one inline element around a word or

@@ -1,7 +1,7 @@
 """Quality and parity of a bundle against its PyTorch checkpoint on a test set.
 
     python -m export.quality --checkpoint models/pretrained/multi30k-en-de-small/model.pt \\
-        --bundle model_repository/multi30k-en-de-small/3 --out docs/quality.json
+        --bundle model_repository/multi30k-en-de-small/4 --out docs/quality.json
 
 Measures sacreBLEU (cased, detokenised) for PyTorch greedy and beam, for the
 ONNX Runtime + numpy decoder (fp32 and int8) with greedy and beam, the share

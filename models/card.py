@@ -62,9 +62,9 @@ def selection_table(rows: list[dict]) -> list[str]:
     if not rows:
         return []
     out = ["", "Checkpoint and decoding selection on the validation set (never on test):", "",
-           "| checkpoint | beam | length penalty | val BLEU |", "|---|---|---|---|"]
+           "| run / checkpoint | beam | length penalty | val BLEU |", "|---|---|---|---|"]
     for r in rows:
-        out.append(f"| {Path(r['checkpoint']).name} | {r['beam']} | {r['alpha']} | {r['bleu']:.2f} |")
+        out.append(f"| {Path(r['checkpoint']).parent.name}/{Path(r['checkpoint']).name} | {r['beam']} | {r['alpha']} | {r['bleu']:.2f} |")
     return out
 
 

@@ -269,7 +269,7 @@ def test_split_modes_through_the_server(stub):
     assert counts == {pb.SPLIT_SENTENCES_ON: 3, pb.SPLIT_SENTENCES_NEWLINES: 2, pb.SPLIT_SENTENCES_OFF: 1}
 
 
-# Inputs the shipped En->De models have looped on with greedy decoding (docs/runaway.md of versions 1-3):
+# Inputs the shipped En->De models have looped on with greedy decoding (docs/runaway.md of versions 1-4):
 # which of them the model being served loops on is found by a server with the guard off, so the tests
 # follow a model swap instead of naming one model's failures.
 LOOP_POOL = ["A male worker with his tool box is kneeling next to two women.",  # "Ein Mann mit Werkzeuggrühhhh..."
@@ -279,7 +279,10 @@ LOOP_POOL = ["A male worker with his tool box is kneeling next to two women.",  
              "People walking about a university campus with palm trees in the background.",
              # Tatoeba, out of domain
              "I'm fair.", "I beg your pardon?", "I want you.", "I want these.", "They found us.", "I confiscated it.",
-             "You deserve this.", "Give me your gun.", "Get me the details.", "It sounds great!"]
+             "You deserve this.", "Give me your gun.", "Get me the details.", "It sounds great!",
+             "Let me explain.", "I'll be discreet.", "I require your advice.", "That was our first encounter.",
+             "A man dressed in black leather and a cowboy hat is walking around a Renaissance Festival.",
+             "Three people sitting at a table outside Bar Gelati Tabacchi."]
 
 
 @pytest.fixture(scope="module")

@@ -424,12 +424,18 @@ def progressed(fleet: Fleet, load: Load, since: float, per_path: int = 3, replic
 
 
 def refused_after(replica: Replica, client: TranslatorClient) -> Optional[float]:
-    """Call the replica directly until it refuses (UNAVAILABLE) or exits; when it refused (monotonic)."""
+    """Call the replica directly until it refuses or exits; when it refused (monotonic).
+
+    Refused is UNAVAILABLE (the service stopped accepting), or CANCELLED when the call reaches the
+    server in the instant grpc's own server shuts down after the drain: grpc core cancels calls it
+    holds then, before any handler runs (seen as CANCELLED within ~15 ms of the second SIGTERM for
+    calls arriving at an idle replica). Either way nothing was done; the client library retries both
+    before a first message."""
     while replica.proc.poll() is None:
         try:
             client.translate(["A dog."], max_output_tokens=4)
         except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.UNAVAILABLE:
+            if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
                 raise
             return time.monotonic()
         time.sleep(0.02)

@@ -109,6 +109,16 @@ class ServerThread:
                              f"waiting={self.metric('nmt_waiting_requests')}")
 
 
+def wait_for(predicate, timeout: float = 20.0, every: float = 0.02) -> bool:
+    """Poll until true; the timeout only bounds a failure (each use waits for a settled state)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(every)
+    return predicate()
+
+
 def flickr_sentences(n: int) -> list[str]:
     """The first n test_2016_flickr English sentences: from the local copy beside the checkout
     (checksum-verified by the project's loader) or, without one, from the committed head of the file."""

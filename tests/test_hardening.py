@@ -13,7 +13,7 @@ import time
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from serving import ROOT, EngineGate, ServerThread
+from serving import ROOT, EngineGate, ServerThread, wait_for
 
 from client import TranslatorClient
 from models.core.bundle import discover
@@ -44,16 +44,6 @@ def rpc_error(fn) -> grpc.RpcError:
     with pytest.raises(grpc.RpcError) as err:
         fn()
     return err.value
-
-
-def wait_for(predicate, timeout: float = 20.0) -> bool:
-    """Poll until true; the timeout only bounds a failure (each use waits for a settled state)."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
 
 
 def health(target: str) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from serving import ServerThread
+from serving import ServerThread, wait_for
 
 from client import TranslatorClient
 
@@ -55,15 +55,6 @@ def image():
     docker("rmi", "-f", tag, check=False)
 
 
-def _wait(predicate, timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.5)
-    return predicate()
-
-
 def test_image_serves_reports_healthy_and_drains_on_stop(image):
     grpc_port, metrics_port = _free_port(), _free_port()
     name = f"nmt-test-{uuid.uuid4().hex[:8]}"
@@ -77,7 +68,7 @@ def test_image_serves_reports_healthy_and_drains_on_stop(image):
                     return client.health(timeout=2) == "SERVING"
                 except Exception:  # noqa: BLE001 (still starting: connection refused or reset)
                     return False
-            assert _wait(serving, 120), docker("logs", name).stderr[-3000:]
+            assert wait_for(serving, 120, every=0.5), docker("logs", name).stderr[-3000:]
             out = client.translate(SENTENCES)
         # The same model repository, served from this checkout: the same words, exactly.
         local = ServerThread(warmup=False).start()
@@ -94,7 +85,7 @@ def test_image_serves_reports_healthy_and_drains_on_stop(image):
         # The image's own HEALTHCHECK (python -m client ... health on $NMT_PORT) turns healthy.
         def health_status() -> str:
             return docker("inspect", "--format", "{{.State.Health.Status}}", name).stdout.strip()
-        assert _wait(lambda: health_status() == "healthy", 90), health_status()
+        assert wait_for(lambda: health_status() == "healthy", 90, every=0.5), health_status()
 
         assert docker("exec", name, "id", "-u").stdout.strip() == "10001"
         assert docker("exec", name, "touch", "/app/x", check=False).returncode != 0  # the code is not writable

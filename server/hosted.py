@@ -116,7 +116,9 @@ class HostedModel:
         def fits(sentence: str) -> bool:
             return len(self._encode(sentence)) <= budget
         language = languages[0] or self.bundle.source_language
-        empty = [i for i, text in enumerate(texts) if not normalize(text)]
+        # A text of spaces only (NBSP, a blank-looking cell) is layout and comes back as it is;
+        # a text with no characters at all is almost surely a caller's bug.
+        empty = [i for i, text in enumerate(texts) if not text]
         if empty:
             raise InvalidArgument(f"texts[{empty[0]}] is empty" + (f" (and {len(empty) - 1} more)" if empty[1:] else ""))
         if options.mime_type == MIME_HTML:

@@ -225,6 +225,20 @@ def test_tsv_appends_a_column_by_header_name_or_number(server, tmp_path, sentenc
     assert rc == 0 and lines_of(tmp_path / "rows.de.tsv") == [f"{r}\t{ref[r.split(chr(9))[1]]}" for r in body[8:20]]
 
 
+def test_blank_looking_cells_come_back_as_they_are(server, tmp_path, sentences):
+    """A column with NBSP, zero-width and ideographic-space cells loses no line and reports no error."""
+    blanks = ["\u00a0", "\u200b", "\u3000", "\ufeff\u2060", "\u00a0\u200b "]
+    rows = [f"{i}\t{blanks[i % 5] if i % 2 else sentences[i]}" for i in range(20)]
+    src = tmp_path / "cells.tsv"
+    src.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    rc, sm = run(tmp_path, src, "-o", tmp_path / "cells.de.tsv", "--target", server.target, "--column", "2",
+                 "--no-progress")
+    ref = reference(server, [sentences[i] for i in range(0, 20, 2)])
+    want = [f"{r}\t{ref.get(r.split(chr(9))[1], r.split(chr(9))[1])}" for r in rows]
+    assert rc == 0 and lines_of(tmp_path / "cells.de.tsv") == want
+    assert sm["passed_through"] == 10 and not (tmp_path / "cells.de.tsv.errors.jsonl").exists()
+
+
 def test_whole_file_is_one_text(server, tmp_path, sentences):
     doc = f"{sentences[0]} {sentences[1]}\n\n{sentences[2]}\n"
     src = tmp_path / "letter.txt"

@@ -9,6 +9,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
+from models.core.text import blank
+
 from .settings import Settings, UsageError
 
 MAX_ERROR_TEXT = 10_000  # characters of a failed text kept in its error record
@@ -41,7 +43,7 @@ def error_record(index: int, code: str, message: str, text: Optional[str]) -> di
 
 class TextFormat:
     def unit(self, index: int, raw: str) -> Unit:
-        if not raw.strip():
+        if blank(raw):
             return Unit(index, line=raw)
         return Unit(index, text=raw, render=lambda t: "" if t is None else _flat(t))
 
@@ -51,7 +53,7 @@ class JsonlFormat:
         self.field, self.output_field = field, output_field
 
     def unit(self, index: int, raw: str) -> Unit:
-        if not raw.strip():
+        if blank(raw):
             return Unit(index, line=raw)
         try:
             obj = json.loads(raw)
@@ -65,8 +67,8 @@ class JsonlFormat:
         if problem:
             obj[self.output_field] = None
             return Unit(index, line=self._dump(obj), error=error_record(index, "BAD_INPUT", problem, None))
-        if not value.strip():
-            obj[self.output_field] = ""
+        if blank(value):  # layout, as the server would give it back
+            obj[self.output_field] = value
             return Unit(index, line=self._dump(obj))
 
         def render(t: Optional[str]) -> str:
@@ -93,8 +95,8 @@ class TsvFormat:
             return Unit(index, line=raw + "\t", error=error_record(
                 index, "BAD_INPUT", f"row has {len(cells)} columns; --column is {self.column + 1}", raw))
         text = cells[self.column]
-        if not text.strip():
-            return Unit(index, line=raw + "\t")
+        if blank(text):  # layout, as the server would give it back
+            return Unit(index, line=raw + "\t" + text)
         return Unit(index, text=text, render=lambda t: raw + "\t" + ("" if t is None else _flat(t, tabs=True)))
 
 
@@ -139,7 +141,7 @@ def whole_file_unit(s: Settings) -> Unit:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         return Unit(0, line="", error=error_record(0, "BAD_INPUT", f"not UTF-8: {e}", None))
-    if not text.strip():
+    if blank(text):
         return Unit(0, line=text.rstrip("\n"))
     return Unit(0, text=text, render=lambda t: "" if t is None else t.rstrip("\n"))
 

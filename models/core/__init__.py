@@ -2,6 +2,7 @@
 
     config.py                   ModelConfig: the model's sizes, flags and special ids (travels into the bundle)
     tokenizer.py                this repo's BPE tokenizer, text normalisation, load_tokenizer for any bundle
+    text.py                     blank text (every Unicode space and invisible character), for documents and clients
     sentencepiece_tokenizer.py  imported Marian / M2M100 tokenizers (SentencePiece + vocab.json)
     tokenizer_json.py           imported NLLB tokenizer (its own tokenizer.json)
     bundle.py                   reading and checking a model bundle

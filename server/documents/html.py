@@ -20,6 +20,7 @@ import html
 import re
 from typing import Callable, Optional
 
+from server.documents.placeholders import protect
 from server.documents.plan import Plan, Unit
 from server.documents.segment import plan_text
 
@@ -36,6 +37,8 @@ _BLOCK = frozenset("""address article aside blockquote body br caption dd detail
     summary table tbody td tfoot th thead title tr ul meta link""".split())
 _NEVER = frozenset("script style code pre textarea kbd samp var noscript template svg math".split())
 _NO_TRANSLATE = re.compile(r"""\btranslate\s*=\s*["']?no\b|\bclass\s*=\s*["'][^"']*\bnotranslate\b""", re.I)
+# Character references, terminated by ";" (the form html.unescape decodes whole).
+_ENTITY = re.compile(r"&(?:#[0-9]{1,7}|#[xX][0-9a-fA-F]{1,6}|[A-Za-z][A-Za-z0-9]{1,31});")
 _VOID = frozenset("area base br col embed hr img input link meta source track wbr".split())
 
 
@@ -49,13 +52,13 @@ def _tag(token: str) -> tuple[Optional[str], bool, bool]:
 
 
 def plan_html(text: str, split: str, language: str, fits: Callable[[str], bool]) -> Plan:
-    plan, run = Plan(), []  # run: raw text and inline tags of the current block, in order
+    plan, run = Plan(), _Run()  # run: raw text and inline tags of the current block, in order
     skip: list[str] = []  # open elements whose content is kept verbatim (innermost last)
 
     def flush() -> None:
-        if run:
-            plan.extend(_translated_run("".join(run), split, language, fits))
-            run.clear()
+        if run.pieces:
+            plan.extend(run.plan(split, language, fits))
+            run.pieces.clear()
 
     pos = 0
     for m in _MARKUP.finditer(text):
@@ -74,31 +77,79 @@ def plan_html(text: str, split: str, language: str, fits: Callable[[str], bool])
             if not closing and not void and name is not None and (name in _NEVER or _NO_TRANSLATE.search(token)):
                 skip.append(name)
         else:
-            run.append(token)  # inline: travels with its sentence
+            run.pieces.append((True, token))  # inline: travels with its sentence
     _text(text[pos:], run, plan, skip)
     flush()
     return plan
 
 
-def _text(chunk: str, run: list[str], plan: Plan, skip: list[str]) -> None:
+def _text(chunk: str, run: "_Run", plan: Plan, skip: list[str]) -> None:
     if chunk:
-        (plan.literal if skip else run.append)(chunk)
+        plan.literal(chunk) if skip else run.pieces.append((False, chunk))
 
 
-def _translated_run(raw: str, split: str, language: str, fits: Callable[[str], bool]) -> Plan:
-    """A block's text with its inline tags: sentences as plain text, decoded entities for the
-    model, the translation escaped again before the tags go back."""
-    inner = plan_text(raw, split, language, fits, lines=False)  # in HTML a newline is a space
-    out = Plan()
-    for part in inner.parts:
-        if isinstance(part, str):
-            out.literal(part)
-            continue
-        restore = part.restore
+class _Run:
+    """A block's text with its inline tags -> sentences for the model, markup kept exactly.
 
-        def finish(translation: str, restore=restore) -> str:
-            escaped = html.escape(translation, quote=False)
-            return restore(escaped) if restore else escaped
-        source = re.sub(r"\s+", " ", html.unescape(part.source))  # the wrap of the HTML source is no layout
-        out.unit(Unit(source, finish, part.original))
-    return out
+    The run is first read as the reader sees it: entities decoded (so "&nbsp;" is a space,
+    and a "&nbsp;"-only cell is blank, not the letters n-b-s-p) and each inline tag standing
+    as one private-use character that no segmenter, cut or placeholder pattern can split.
+    That view is segmented like plain text; every part of the result is then mapped back to
+    the raw characters it came from, so literals stay byte for byte and each sentence gets its
+    own tags back (server/documents/placeholders.py): every tag exactly once, in source order,
+    whatever the model returns."""
+
+    def __init__(self) -> None:
+        self.pieces: list[tuple[bool, str]] = []  # (is an inline tag, raw text)
+
+    def plan(self, split: str, language: str, fits: Callable[[str], bool]) -> Plan:
+        raw_all = "".join(raw for _, raw in self.pieces)
+        sentinel = next(chr(c) for c in range(0xE000, 0xF900) if chr(c) not in raw_all)
+        view, raws, tags = [], [], []  # view char i was raws[i] in the source ("" for a second decoded char)
+        for is_tag, raw in self.pieces:
+            if is_tag:
+                view.append(sentinel)
+                raws.append(raw)
+                tags.append(raw)
+                continue
+            pos = 0
+            for m in _ENTITY.finditer(raw):
+                for ch in raw[pos:m.start()]:
+                    view.append(ch)
+                    raws.append(ch)
+                decoded = html.unescape(m.group(0))
+                view.extend(decoded)
+                raws.extend([m.group(0)] + [""] * (len(decoded) - 1))
+                pos = m.end()
+            for ch in raw[pos:]:
+                view.append(ch)
+                raws.append(ch)
+        text = "".join(view)
+
+        def view_fits(piece: str) -> bool:
+            return fits(_model_text(piece.replace(sentinel, " ")))
+        inner = plan_text(text, split, language, view_fits, lines=False, protect=lambda core: (core, None))
+        out, at, tag_at = Plan(), 0, 0
+        for part in inner.parts:
+            piece = part if isinstance(part, str) else part.original
+            raw = "".join(raws[at:at + len(piece)])
+            own = tags[tag_at:tag_at + piece.count(sentinel)]
+            at, tag_at = at + len(piece), tag_at + len(own)
+            if isinstance(part, str):
+                out.literal(raw)
+                continue
+            clean, restore = protect(piece, sentinel, own)
+            if sentinel in piece and restore is None:  # nothing but tags and placeholders: layout
+                out.literal(raw)
+                continue
+
+            def finish(translation: str, restore=restore) -> str:
+                escaped = html.escape(translation.replace(sentinel, ""), quote=False)
+                return restore(escaped) if restore else escaped
+            out.unit(Unit(_model_text(clean), finish, raw))
+        return out
+
+
+def _model_text(text: str) -> str:
+    """What the model reads: the wrap of the HTML source is no layout."""
+    return re.sub(r"\s+", " ", text).strip()

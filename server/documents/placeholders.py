@@ -18,15 +18,15 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
-PLACEHOLDER = re.compile(
+_TEXT_PLACEHOLDER = (
     r"\{\{\s*[\w.\-]+\s*\}\}"           # {{var}}
     r"|\{[\w.:!\-]*\}"                  # {0} {name} {}
     r"|%\([\w.\-]+\)[sdifrx]"           # %(name)s
     r"|%[sdifx]"                        # %s %d
-    r"|</?[A-Za-z][\w\-]*(?:\s[^<>]*)?/?>"  # <b> </b> <br/> <a href="...">
 )
+PLACEHOLDER = re.compile(_TEXT_PLACEHOLDER + r"|</?[A-Za-z][\w\-]*(?:\s[^<>]*)?/?>")  # <b> </b> <br/> <a href="...">
 _TRAILING_PUNCT = re.compile(r"[.!?…:;,]+[\"'”»)]*$")
 
 
@@ -39,20 +39,29 @@ class Mark:
     before_punct: bool  # directly followed by punctuation ("Hello {name}, ...")
 
 
-def protect(sentence: str) -> tuple[str, Optional[Callable[[str], str]]]:
-    """(clean sentence for the model, restore function or None when there was nothing to take out)."""
-    matches = list(PLACEHOLDER.finditer(sentence))
+def protect(sentence: str, sentinel: str = "", atoms: Sequence[str] = ()) -> tuple[str, Optional[Callable[[str], str]]]:
+    """(clean sentence for the model, restore function or None when there was nothing to take out).
+
+    HTML passes its inline tags as `atoms`, each standing in the sentence as one `sentinel`
+    character (the tags were found by the HTML scanner, which no placeholder pattern can second-
+    guess); the k-th sentinel comes back as atoms[k]. Text that merely looks like a tag there
+    (a decoded "&lt;b&gt;") is text, so only the non-tag placeholders are matched beside them."""
+    pattern = re.compile(_TEXT_PLACEHOLDER + "|" + re.escape(sentinel)) if sentinel else PLACEHOLDER
+    matches = list(pattern.finditer(sentence))
     if not matches:
         return sentence, None
+    starts = {m.start() for m in matches}
+    atom = iter(atoms)
     clean, marks, pos = [], [], 0
     for m in matches:
         clean.append(sentence[pos:m.start()])
         before = "".join(clean)
         glue_prev = m.start() > 0 and not sentence[m.start() - 1].isspace()
         follower = sentence[m.end()] if m.end() < len(sentence) else " "
-        glue_next = follower.isalnum() or follower in "<{%"
+        glue_next = follower.isalnum() or m.end() in starts
         before_punct = not glue_next and not follower.isspace()
-        marks.append(Mark(m.group(0), len(before.split()), glue_prev, glue_next, before_punct))
+        text = next(atom) if sentinel and m.group(0) == sentinel else m.group(0)
+        marks.append(Mark(text, len(before.split()), glue_prev, glue_next, before_punct))
         pos = m.end()
     clean.append(sentence[pos:])
     text = _tidy("".join(clean))

@@ -10,7 +10,11 @@ segmenter can never drop or change a character of the document.
 A sentence over the model's source budget is cut further, on the safest boundary that
 fits (clause punctuation, then whitespace, then, for a single enormous "word",
 characters), never truncated. A segment with nothing to translate (no letters, or only
-a URL / e-mail address / placeholder) passes through unchanged.
+a URL / e-mail address / placeholder) passes through unchanged. Whitespace means every
+Unicode space (NBSP, U+2007, U+202F, U+3000...) and the invisible characters around it
+(zero-width space and joiners, BOM, word joiner, soft hyphen, Hangul fillers): real
+documents use them as spacers (`<td>&nbsp;</td>`, a blank-looking table cell), and a
+segment made of nothing else is layout, not an empty sentence.
 """
 from __future__ import annotations
 
@@ -19,11 +23,12 @@ from typing import Callable
 
 from sentencex import segment as sentencex_segment
 
+from models.core.text import BLANK_CHARS, visible
 from server.documents.placeholders import PLACEHOLDER, protect
 from server.documents.plan import SPLIT_NEWLINES, SPLIT_OFF, Plan, Unit
 
 _LINE = re.compile(r"(\r?\n)")
-_EDGES = re.compile(r"^(\s*)(.*?)(\s*)$", re.S)
+_EDGES = re.compile(rf"^({BLANK_CHARS}*)(.*?)({BLANK_CHARS}*)$", re.S)
 _URLISH = re.compile(r"^(?:[a-z][\w+.-]*://\S+|www\.\S+|[\w.+-]+@[\w-]+(?:\.[\w-]+)+)$", re.I)
 # sentencex splits after these (docs/segmenters.md: French "M.", "Dr.", "av. J.-C.", German "Hrn.",
 # ordinals "im 19. Jahrhundert"): a sentence ending in one is joined to the next.
@@ -46,6 +51,7 @@ def segmenter_language(code: str) -> str:
 
 def translatable(text: str) -> bool:
     """Letters that are not all inside a URL, an e-mail address or placeholders."""
+    text = visible(text)
     if not any(c.isalpha() for c in text):
         return False
     rest = PLACEHOLDER.sub(" ", text).strip()
@@ -108,13 +114,15 @@ def _largest(sorted_cuts: list[int], ok: Callable[[int], bool]) -> int:
     return best
 
 
-def plan_text(text: str, split: str, language: str, fits: Callable[[str], bool], lines: bool = True) -> Plan:
+def plan_text(text: str, split: str, language: str, fits: Callable[[str], bool], lines: bool = True,
+              protect: Callable[[str], tuple] = protect) -> Plan:
     """The plan of a plain-text document. `fits(s)`: does `s` fit the model's source budget.
     `lines=False` (HTML, where a newline is just a space): a sentence may run over a line break;
-    only blank lines and sentence ends separate sentences."""
+    only blank lines and sentence ends separate sentences. `protect`: the placeholder step
+    (HTML takes its inline tags out itself, knowing where they are)."""
     plan = Plan()
     if split == SPLIT_OFF:
-        _add_span(plan, text, [(0, len(text))], fits, cut=False)
+        _add_span(plan, text, [(0, len(text))], fits, False, protect)
         return plan
     lang = segmenter_language(language)
     for line in (_LINE.split(text) if lines or split == SPLIT_NEWLINES else [text]):
@@ -124,29 +132,35 @@ def plan_text(text: str, split: str, language: str, fits: Callable[[str], bool],
         lead, body, trail = _EDGES.match(line).groups()
         plan.literal(lead)
         spans = [(0, len(body))] if split == SPLIT_NEWLINES else sentences(body, lang)
-        _add_span(plan, body, spans, fits, cut=True)
+        _add_span(plan, body, spans, fits, True, protect)
         plan.literal(trail)
     return plan
 
 
-def _add_span(plan: Plan, text: str, spans: list[tuple[int, int]], fits: Callable[[str], bool], cut: bool) -> None:
+def _add_span(plan: Plan, text: str, spans: list[tuple[int, int]], fits: Callable[[str], bool], cut: bool,
+              protect: Callable[[str], tuple]) -> None:
     pos = 0
     for start, end in spans:
         plan.literal(text[pos:start])
-        _add_sentence(plan, text[start:end], fits, cut)
+        _add_sentence(plan, text[start:end], fits, cut, protect)
         pos = end
     plan.literal(text[pos:])
 
 
-def _add_sentence(plan: Plan, sentence: str, fits: Callable[[str], bool], cut: bool) -> None:
+def _add_sentence(plan: Plan, sentence: str, fits: Callable[[str], bool], cut: bool,
+                  protect: Callable[[str], tuple]) -> None:
     lead, body, trail = _EDGES.match(sentence).groups()
     plan.literal(lead)
     if not translatable(body):
         plan.literal(body)
     else:
         for piece in (cut_to_budget(body, fits) if cut else [body]):
-            _, core, space = _EDGES.match(piece).groups()
-            source, restore = protect(core)
-            plan.unit(Unit(source, restore, core))
+            lead, core, space = _EDGES.match(piece).groups()
+            plan.literal(lead)
+            if translatable(core):
+                source, restore = protect(core)
+                plan.unit(Unit(source, restore, core))
+            else:  # a piece a cut left with nothing to translate
+                plan.literal(core)
             plan.literal(space)
     plan.literal(trail)

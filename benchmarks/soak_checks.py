@@ -21,7 +21,7 @@ from benchmarks.soak_traffic import ALWAYS_FAIL, EXPECTED, Record
 # Categories where the client stops waiting on purpose: the server may have finished (counted OK, or
 # refused) before it noticed, so its count and the client's may differ by up to these calls.
 RACY = {"deadline_short", "stream_cancel", "channel_close"}
-DRAIN = {"drain_inflight", "drain_new"}
+DRAIN = {"drain_stream", "drain_inflight", "drain_new"}
 
 
 @dataclass

@@ -16,7 +16,7 @@ from typing import Optional
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from benchmarks.soak_traffic import Recorder, Traffic, read_stream
+from benchmarks.soak_traffic import BadResponse, Recorder, Traffic
 from protos.nmt.v1 import translator_pb2 as pb
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -173,16 +173,21 @@ async def drain(server: ServerProcess, traffic: Traffic, grace: float, streams: 
     first = [asyncio.Event() for _ in range(streams)]
 
     async def long_stream(i: int):
-        # Near-uniform sampling rarely stops early: still decoding when SIGTERM lands.
+        # Near-uniform sampling rarely stops early: still decoding when SIGTERM lands. A drain lets it
+        # finish as it would have: a final message whose reason is not CANCELLED (nor UNAVAILABLE).
         call = traffic.stub.TranslateStream(pb.TranslateStreamRequest(
             text=traffic.sentences[i], options=pb.DecodingOptions(temperature=5.0, seed=i, max_output_tokens=200)),
             timeout=timeout)
-        return await read_stream(call, on_message=first[i].set)
+        last = None
+        async for last in call:
+            first[i].set()
+        if last is None or not last.final or last.finish_reason == pb.FINISH_REASON_CANCELLED:
+            raise BadResponse(f"a stream in flight at SIGTERM ended without finishing: {last}")
 
     async def unary_call(i: int):
         await traffic.client.translate(traffic.sentences[i:i + 8], timeout=timeout)
 
-    inflight = [asyncio.ensure_future(rec.call("drain_inflight", "TranslateStream", timeout,
+    inflight = [asyncio.ensure_future(rec.call("drain_stream", "TranslateStream", timeout,
                                                lambda i=i: long_stream(i), detail="long stream"))
                 for i in range(streams)]
     try:

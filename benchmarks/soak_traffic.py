@@ -37,8 +37,10 @@ EXPECTED: dict[str, frozenset] = {
     "large_request": frozenset(),  # per request (benchmarks/soak.py)
     "golden_rest": frozenset({"OK"}), "golden_load": GOOD,  # refused attempts under load are retried
     "health_probe": frozenset({"OK"}), "health_large": frozenset({"OK"}),
-    # Started before SIGTERM: finish, or are refused; started after NOT_SERVING: refused.
-    "drain_inflight": frozenset({"OK", "UNAVAILABLE"}), "drain_new": frozenset({"UNAVAILABLE"}),
+    # Streams that have sent a message before SIGTERM must finish whole (the drain's promise); unary
+    # calls sent just before it finish or are refused; calls after NOT_SERVING are refused.
+    "drain_stream": frozenset({"OK"}), "drain_inflight": frozenset({"OK", "UNAVAILABLE"}),
+    "drain_new": frozenset({"UNAVAILABLE"}),
 }
 # The random mix. Streams (stream, slow_reader, channel_close, stream_cancel) are 34 parts, 7 of them
 # cancelled (~20%); deadline_short is ~10% of all calls.

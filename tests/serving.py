@@ -142,6 +142,7 @@ class EngineGate:
 
         with EngineGate(model, let_through=1) as gate:   # one iteration runs, the next one waits
             ...
+            gate.step()   # exactly one more iteration, returns once it is done
             gate.open()
     """
 
@@ -151,22 +152,47 @@ class EngineGate:
         self.held = threading.Event()  # the engine is waiting at the gate now
         self.timed_out = False
         self.calls = 0
+        self.done = 0  # iterations completed since the gate was put in
+        self._passes = 0  # iterations step() has let through and the engine has not yet taken
+        self._cond = threading.Condition()
 
     def __enter__(self) -> "EngineGate":
         inner = type(self.loop).iteration.__get__(self.loop)
 
         def gated(now):
-            self.calls += 1
-            if self.calls > self.let_through and not self.released.is_set():
-                self.held.set()
-                self.timed_out = not self.released.wait(self.timeout)
-            return inner(now)
+            with self._cond:
+                self.calls += 1
+                if self.calls > self.let_through and not self.released.is_set():
+                    self.held.set()
+                    self._cond.notify_all()
+                    if not self._cond.wait_for(lambda: self.released.is_set() or self._passes, self.timeout):
+                        self.timed_out = True
+                    self._passes = max(0, self._passes - 1)
+                    self.held.clear()
+            try:
+                return inner(time.monotonic())
+            finally:
+                with self._cond:
+                    self.done += 1
+                    self._cond.notify_all()
         self.loop.iteration = gated
         return self
 
+    def step(self, n: int = 1) -> None:
+        """Let exactly `n` more iterations run and return once they have (the engine waits at the
+        gate again afterwards). Fails the test if the engine does not come round in time."""
+        with self._cond:
+            target = self.done + n
+            self._passes += n
+            self._cond.notify_all()
+            if not self._cond.wait_for(lambda: self.done >= target, self.timeout):
+                raise AssertionError(f"the engine ran {self.done - target + n} of {n} iterations")
+
     def open(self) -> None:
-        self.released.set()
+        with self._cond:
+            self.released.set()
+            self._cond.notify_all()
 
     def __exit__(self, *exc) -> None:
-        self.released.set()
+        self.open()
         del self.loop.iteration  # back to the class's method

@@ -1,4 +1,5 @@
 """`python -m server` as a user runs it: flags, health, SIGTERM drain; and the client CLI against it."""
+import asyncio
 import signal
 import socket
 import subprocess
@@ -9,7 +10,9 @@ import grpc
 import pytest
 
 from client import TranslatorClient
-from serving import ROOT, start_subprocess
+from serving import ROOT, EngineGate, ServerThread, start_subprocess, wait_for
+
+from protos.nmt.v1 import translator_pb2 as pb
 from server.config import ServerConfig
 
 
@@ -35,7 +38,8 @@ def wait_serving(client: TranslatorClient, proc: subprocess.Popen, timeout: floa
 @pytest.fixture
 def served():
     port, mport = free_port(), free_port()
-    proc = start_subprocess(port, mport, "--grace-period-s", "20")
+    # The guard off: a 200-token stream really decodes 200 tokens (on, it ends by itself in ~90).
+    proc = start_subprocess(port, mport, "--grace-period-s", "20", "--runaway-guard", "false")
     client = TranslatorClient(f"127.0.0.1:{port}", timeout=60, retries=0)
     try:
         wait_serving(client, proc)
@@ -47,12 +51,15 @@ def served():
         proc.wait(10)
 
 
+# With seed 3 this samples 200 tokens without an end-of-sequence (sampling is batch-invariant and seeded).
+LONG_TEXT = "A man in a blue shirt and a woman in a red dress are walking down a busy street in the city."
+
+
 def test_sigterm_drains_in_flight_work_and_refuses_new(served):
     proc, client, _ = served
     assert client.health() == "SERVING" and client.health("nmt.v1.Translator") == "SERVING"
-    long_text = "A man in a blue shirt and a woman in a red dress are walking down a busy street in the city."
     # Near-uniform sampling rarely ends early: the stream is surely still running at SIGTERM.
-    stream = client.translate_stream(long_text, max_output_tokens=200, temperature=5.0, seed=3)
+    stream = client.translate_stream(LONG_TEXT, max_output_tokens=200, temperature=5.0, seed=3)
     first = next(stream)  # in flight
     proc.send_signal(signal.SIGTERM)
     statuses, refused = [], None
@@ -71,9 +78,36 @@ def test_sigterm_drains_in_flight_work_and_refuses_new(served):
         time.sleep(0.02)
     assert "NOT_SERVING" in statuses
     assert refused == grpc.StatusCode.UNAVAILABLE
-    rest = list(stream)  # the in-flight stream finishes normally
-    assert rest[-1].final and (first.delta + "".join(m.delta for m in rest)).strip()
+    rest = list(stream)  # the in-flight stream finishes as it would have: all 200 tokens
+    assert rest[-1].final and rest[-1].finish_reason == pb.FINISH_REASON_LENGTH, rest[-1]
+    assert rest[-1].output_tokens == 200 == len(first.token_ids) + sum(len(m.token_ids) for m in rest)
     assert proc.wait(30) == 0
+
+
+def test_drain_finishes_a_stream_held_mid_decode():
+    """The same promise with no race: the engine is held (EngineGate) with the stream 3 tokens in
+    when the drain begins, so the stream surely has most of its decode ahead of it; new work is
+    refused meanwhile; released, it finishes whole (LENGTH, 200 tokens), not CANCELLED."""
+    srv = ServerThread(runaway_guard=False, grace_period_s=60, metrics_port=0).start()
+    model = srv.app.models["multi30k-en-de-small"]
+    try:
+        with TranslatorClient(srv.target, timeout=60, retries=0) as client, \
+                EngineGate(model, let_through=3) as gate:
+            stream = client.translate_stream(LONG_TEXT, max_output_tokens=200, temperature=5.0, seed=3)
+            first = next(stream)
+            stopping = asyncio.run_coroutine_threadsafe(srv.app.stop(), srv.loop)
+            assert wait_for(lambda: client.health() == "NOT_SERVING" and not srv.app.service.accepting)
+            with pytest.raises(grpc.RpcError) as refused:
+                client.translate(["A dog."], timeout=5)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert srv.metric("nmt_running_requests") == 1 and not stopping.done()  # held mid-decode
+            gate.open()
+            rest = list(stream)
+        assert rest[-1].final and rest[-1].finish_reason == pb.FINISH_REASON_LENGTH, rest[-1]
+        assert 200 == rest[-1].output_tokens == len(first.token_ids) + sum(len(m.token_ids) for m in rest)
+        stopping.result(60)
+    finally:
+        srv.stop()
 
 
 def test_client_cli(served):

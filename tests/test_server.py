@@ -6,14 +6,14 @@ import time
 import grpc
 import numpy as np
 import pytest
-from serving import REPOSITORY, EngineGate, ServerThread, flickr_sentences
+from serving import REPOSITORY, EngineGate, ServerThread, flickr_sentences, wait_for
 
 from client import TranslatorClient
 from models.core.bundle import discover
 from models.core.runtime import OnnxModel, RuntimeOptions
 from models.core.static_decode import pad_batch
 from protos.nmt.v1 import translator_pb2 as pb
-from server.request import DecodingParams, FinishEvent
+from server.request import DecodingParams, ErrorEvent, FinishEvent
 
 
 @pytest.fixture(scope="module")
@@ -217,25 +217,69 @@ def test_bad_input_gets_clear_errors_and_server_keeps_serving(server, client):
     assert client.translate(["A man is riding a bike."]).translations[0].hypotheses[0].text
 
 
-def test_deadline_frees_the_slot(server, client):
+@pytest.fixture(scope="module")
+def unguarded():
+    """A server whose decodes run as long as the model goes on: the runaway guard (on by default)
+    would end a long request by itself within ~3 x its source length, hiding whether a deadline or
+    a cancel was what stopped it."""
+    srv = ServerThread(runaway_guard=False, metrics_port=0).start()
+    with TranslatorClient(srv.target, timeout=120) as c:
+        yield srv, c
+    srv.stop()
+
+
+LONG = dict(max_output_tokens=250, temperature=5.0, seed=1)  # ~uniform sampling: no EOS for many steps
+
+
+def test_deadline_frees_the_slot(unguarded):
+    server, client = unguarded
     model = server.app.models["multi30k-en-de-small"]
-    long = dict(max_output_tokens=250, temperature=5.0, seed=1)
+    before = server.metric("nmt_requests_total", missing_ok=True, rpc="Translate", code="DEADLINE_EXCEEDED")
     with EngineGate(model, let_through=1) as gate:  # running (one step done), then held past the deadline
-        got, details = code_of(lambda: client.translate(["A dog runs on the beach."], timeout=0.05, **long))
-        assert got == grpc.StatusCode.DEADLINE_EXCEEDED and not gate.released.is_set()
-    server.wait_idle(5)
+        got, _ = code_of(lambda: client.translate(["A dog runs on the beach."], timeout=0.2, **LONG))
+        assert got == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert server.metric("nmt_running_requests") == 1  # still holding its slot: nothing ran since
+        gate.step()  # the next iteration drops it (expired, and cancelled by the client's going away)
+        assert server.metric("nmt_running_requests") == 0 and server.metric("nmt_kv_cache_usage_ratio") == 0
+    assert server.settled_metric("nmt_requests_total", before + 1, rpc="Translate",
+                                 code="DEADLINE_EXCEEDED") == before + 1
     assert client.translate(["A dog."]).translations[0].hypotheses[0].text
 
 
-def test_cancelled_stream_frees_the_slot_within_a_step(server, client):
+def test_the_engine_drops_expired_work_itself(unguarded):
+    """The engine's own deadline, with no client cancel to help: a job submitted in-process with a
+    deadline is failed DEADLINE_EXCEEDED at the first step after it passes, running or queued."""
+    server, _ = unguarded
+    model = server.app.models["multi30k-en-de-small"]
+    events: list = []
+    with EngineGate(model, let_through=1) as gate:
+        deadline = time.monotonic() + 0.3
+        running = model.jobs(["A dog runs on the beach."], DecodingParams(**LONG), events.append, deadline)
+        model.scheduler.submit(running)
+        assert wait_for(lambda: gate.held.is_set() and gate.done == 1)
+        queued = model.jobs(["A cat."], DecodingParams(), events.append, deadline)
+        model.scheduler.submit(queued)
+        time.sleep(max(0.0, deadline - time.monotonic()) + 0.01)  # past the deadline (a time, not a state)
+        gate.step()
+        ends = [e for e in events if isinstance(e, (ErrorEvent, FinishEvent))]
+        assert [type(e.error).__name__ for e in ends] == ["DeadlineExceeded", "DeadlineExceeded"], ends
+        assert sorted(str(e.error) for e in ends) == ["deadline exceeded after 1 decode steps",
+                                                      "deadline exceeded while queued"]
+        assert server.metric("nmt_running_requests") == 0
+
+
+def test_cancelled_stream_frees_the_slot_within_a_step(unguarded):
+    server, client = unguarded
     model = server.app.models["multi30k-en-de-small"]
     with EngineGate(model, let_through=3) as gate:  # a few tokens out, then held: surely still running
         stream = client.translate_stream("A dog runs on the beach.", max_output_tokens=250, temperature=5.0, seed=2)
         next(stream)  # one message only: a slow reader may find all three tokens coalesced in it
         assert server.metric("nmt_running_requests") == 1
         stream.cancel()
-        gate.open()
-        server.wait_idle(5)
+        model_saw_cancel = wait_for(lambda: all(st.job.cancelled for st in model.scheduler.running))
+        gate.step()  # one step after the cancel reached the server: the slot is free
+        assert model_saw_cancel and server.metric("nmt_running_requests") == 0
+        assert server.metric("nmt_kv_cache_usage_ratio") == 0
     assert not gate.timed_out
 
 

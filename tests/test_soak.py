@@ -20,7 +20,7 @@ NEVER = {"INTERNAL", "UNKNOWN", "HANG", "BAD_RESPONSE", "CLIENT_ERROR"}
 # The test's own statement of the contract for the categories where only one answer is right.
 EXACT = {"fuzz_raw": {"INVALID_ARGUMENT"}, "golden_rest": {"OK"}, "list_models": {"OK"}, "health": {"OK"},
          "health_probe": {"OK"}, "health_large": {"OK"}, "drain_new": {"UNAVAILABLE"},
-         "drain_inflight": {"OK", "UNAVAILABLE"}}
+         "drain_stream": {"OK"}, "drain_inflight": {"OK", "UNAVAILABLE"}}
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +94,7 @@ def test_sigterm_drain_is_clean(soak):
     d = s["drain"]
     assert d["streams_in_flight_at_sigterm"] and d["exit_code"] == 0, d
     assert set(s["codes"]["drain_new"]) == {"UNAVAILABLE"}, d
+    assert set(s["codes"]["drain_stream"]) == {"OK"}, unexpected(s, "drain_stream")  # finished whole
     assert d["ok"], d
 
 

@@ -134,3 +134,55 @@ def token_parity(model: Transformer, onnx_model: OnnxModel, sources: Sequence[Se
             t_out[i], o_out[i] = a, b
     same = sum(a == b for a, b in zip(t_out, o_out))
     return TokenParity(len(sources), same, t_out, o_out)
+
+
+@dataclass
+class Difference:
+    index: int  # which source
+    gap: float  # greedy: top-2 logit gap at the first differing position; beam: |score a - score b|
+
+
+def near_ties(model: Transformer, sources: Sequence[Sequence[int]], a_ids: Sequence[Sequence[int]],
+              b_ids: Sequence[Sequence[int]], beam: int = 1, alpha: float = 1.0) -> list[Difference]:
+    """Why two decodes of the same sources differ, judged by the PyTorch model (the reference).
+
+    Greedy: teacher-forced on the common prefix, the gap between the two best logits where the
+    outputs part; a float-noise tie has a gap near 0, a wrong graph a large one. Beam: the two
+    final hypotheses' length-normalised scores (log-probability / (length + EOS)^alpha); the
+    search may pick either of two hypotheses that score the same."""
+    model = model.eval()
+    out = []
+    for i, (src, a, b) in enumerate(zip(sources, a_ids, b_ids)):
+        a, b = list(a), list(b)
+        if a == b:
+            continue
+        if beam <= 1:
+            k = next(j for j in range(min(len(a), len(b)) + 1) if j == min(len(a), len(b)) or a[j] != b[j])
+            logits = _teacher_forced(model, src, a[:k])[-1]
+            top2 = torch.topk(logits, 2).values
+            out.append(Difference(i, float(top2[0] - top2[1])))
+        else:
+            sa, sb = (_normalised_score(model, src, ids, alpha) for ids in (a, b))
+            out.append(Difference(i, abs(sa - sb)))
+    return out
+
+
+def _teacher_forced(model: Transformer, src: Sequence[int], ids: list[int]) -> torch.Tensor:
+    """Logits (T + 1, V) after BOS + ids for one source."""
+    cfg = model.cfg
+    src_ids = torch.tensor([list(src)])
+    src_mask = torch.ones_like(src_ids, dtype=torch.bool)
+    prefix = torch.tensor([[cfg.bos_id] + ids])
+    past_k, past_v, past_mask = model.empty_past(1)
+    with torch.no_grad():
+        cross_k, cross_v = model.cross_kv(model.encode(src_ids, src_mask))
+        logits, _, _ = model.decode_step(prefix, torch.arange(prefix.shape[1])[None], past_k, past_v, past_mask,
+                                         cross_k, cross_v, src_mask)
+    return logits[0]
+
+
+def _normalised_score(model: Transformer, src: Sequence[int], ids: list[int], alpha: float) -> float:
+    target = ids + [model.cfg.eos_id]
+    logp = torch.log_softmax(_teacher_forced(model, src, ids).double(), dim=-1)
+    total = float(logp[torch.arange(len(target)), torch.tensor(target)].sum())
+    return total / len(target) ** alpha

@@ -6,7 +6,7 @@ import pytest
 import sacrebleu
 from serving import REPOSITORY, ROOT, SHARED
 
-from export.parity import token_parity
+from export.parity import near_ties, token_parity
 from models.core.bundle import discover
 from models.core.runtime import OnnxModel, RuntimeOptions
 from models.core.tokenizer import normalize
@@ -14,7 +14,6 @@ from models.evaluate import load_checkpoint
 
 PRETRAINED = ROOT / "models" / "pretrained" / "multi30k-en-de-small"
 QUALITY = ROOT / "docs" / "quality.json"
-needs_data = pytest.mark.skipif(not SHARED.exists(), reason="no ../shared/data/multi30k here")
 
 
 @pytest.fixture(scope="module")
@@ -48,13 +47,24 @@ def _bleu(ids, tok, refs) -> float:
     return sacrebleu.corpus_bleu([tok.decode(x) for x in ids], [refs]).score
 
 
+# A difference between ONNX Runtime and PyTorch is allowed only where the two best choices tie to
+# within float noise: the top-2 logit gap where greedy outputs part (fp32 kernels differ by ~1e-5),
+# or the two beam winners' normalised scores.
+TIE = 1e-3
+# No data here: a skip with the reason; under NMT_REQUIRE_TOOLS=1 (CI) tests/conftest.py fails it.
+needs_data = pytest.mark.skipif(not SHARED.exists(), reason="no ../shared/data/multi30k here")
+
+
 @needs_data
 def test_onnx_greedy_matches_pytorch_on_the_whole_test_set(shipped):
     model, tok, _, _, onnx_model = shipped
     src = (SHARED / "test_2016_flickr.en").read_text().splitlines()
     refs = [normalize(r) for r in (SHARED / "test_2016_flickr.de").read_text().splitlines()]
-    result = token_parity(model, onnx_model, [tok.encode(normalize(s)) for s in src], beam=1)
-    assert result.sentences == 1000 and result.ratio >= 0.99
+    sources = [tok.encode(normalize(s)) for s in src]
+    result = token_parity(model, onnx_model, sources, beam=1)
+    assert result.sentences == 1000 and len({tuple(x) for x in result.torch_ids}) > 990  # varied outputs
+    ties = near_ties(model, sources, result.torch_ids, result.onnx_ids)
+    assert all(d.gap < TIE for d in ties), [(d.index, d.gap) for d in ties if d.gap >= TIE]
     torch_bleu, onnx_bleu = _bleu(result.torch_ids, tok, refs), _bleu(result.onnx_ids, tok, refs)
     assert abs(torch_bleu - onnx_bleu) <= 0.1
     # The figures in the model card and docs/quality.json are this measurement.
@@ -66,9 +76,25 @@ def test_onnx_greedy_matches_pytorch_on_the_whole_test_set(shipped):
 @needs_data
 def test_onnx_beam_matches_pytorch(shipped):
     model, tok, _, _, onnx_model = shipped
-    src = (SHARED / "test_2016_flickr.en").read_text().splitlines()[:120]
-    result = token_parity(model, onnx_model, [tok.encode(normalize(s)) for s in src], beam=5)
-    assert result.ratio >= 0.99
+    sources = [tok.encode(normalize(s)) for s in (SHARED / "test_2016_flickr.en").read_text().splitlines()[:120]]
+    result = token_parity(model, onnx_model, sources, beam=5)
+    ties = near_ties(model, sources, result.torch_ids, result.onnx_ids, beam=5)
+    assert all(d.gap < TIE for d in ties), [(d.index, d.gap) for d in ties if d.gap >= TIE]
+
+
+@needs_data
+def test_int8_quality_is_remeasured_on_the_whole_test_set(shipped):
+    """The int8 variant's greedy BLEU, measured now (not read from a file): within 0.5 of PyTorch's,
+    equal to what docs/quality.json and the card report, most outputs token-identical."""
+    model, tok, _, bundle, _ = shipped
+    int8 = OnnxModel(bundle, RuntimeOptions(variant="int8", provider="cpu"))
+    src = (SHARED / "test_2016_flickr.en").read_text().splitlines()
+    refs = [normalize(r) for r in (SHARED / "test_2016_flickr.de").read_text().splitlines()]
+    quality = json.loads(QUALITY.read_text())
+    result = token_parity(model, int8, [tok.encode(normalize(s)) for s in src], beam=1)
+    bleu = _bleu(result.onnx_ids, tok, refs)
+    assert abs(bleu - quality["pytorch"]["greedy"]) <= 0.5 and abs(bleu - quality["onnx_int8_greedy"]["bleu"]) < 0.01
+    assert result.identical / result.sentences >= 0.9
 
 
 def test_the_card_reports_the_measured_quality():

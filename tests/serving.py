@@ -146,8 +146,9 @@ class EngineGate:
             gate.open()
     """
 
-    def __init__(self, model, let_through: int = 0, timeout: float = 30.0):
+    def __init__(self, model, let_through: int = 0, timeout: float = 30.0, after=None):
         self.loop, self.let_through, self.timeout = model.loop, let_through, timeout
+        self.after = after  # called on the engine thread after each iteration (e.g. to record who ran)
         self.released = threading.Event()
         self.held = threading.Event()  # the engine is waiting at the gate now
         self.timed_out = False
@@ -172,6 +173,8 @@ class EngineGate:
             try:
                 return inner(time.monotonic())
             finally:
+                if self.after:
+                    self.after()
                 with self._cond:
                     self.done += 1
                     self._cond.notify_all()

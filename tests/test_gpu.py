@@ -5,12 +5,12 @@ import pytest
 import torch
 
 from export.__main__ import main as export_main
+from export.parity import near_ties
 from models.core import static_decode
 from models.core.bundle import load_bundle
-from models.core.config import preset
 from models.core.runtime import OnnxModel, RuntimeOptions
 from models.core.tokenizer import train_tokenizer
-from models.transformer import Transformer
+from tiny_models import reverser, varied
 
 pytestmark = pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(),
                                 reason="needs onnxruntime-gpu and a CUDA device")
@@ -23,8 +23,7 @@ def bundle(tmp_path_factory):
     ckpt = root / "tiny-gpu"
     ckpt.mkdir()
     tok.save(ckpt / "tokenizer.json")
-    torch.manual_seed(0)
-    model = Transformer(preset("tiny", vocab_size=tok.vocab_size)).eval()
+    model = reverser(tok.vocab_size)  # trained: a random model decodes one repeated token
     torch.save({"config": model.cfg.to_dict(), "model": model.state_dict(), "meta": {}}, ckpt / "model.pt")
     assert export_main(["--checkpoint", str(ckpt / "model.pt"), "--out", str(root / "repo"), "--fp16"]) == 0
     return load_bundle(root / "repo" / "tiny-gpu" / "1")
@@ -42,7 +41,8 @@ def test_cuda_fp32_with_io_binding_matches_cpu(bundle, beam):
     assert gpu.on_device
     ids, mask = sources(bundle.spec.vocab_size)
     if beam == 1:
-        assert static_decode.greedy(gpu, ids, mask) == static_decode.greedy(cpu, ids, mask)
+        want = static_decode.greedy(cpu, ids, mask)
+        assert varied(want) and static_decode.greedy(gpu, ids, mask) == want
     else:
         want = [h[0].tokens for h in static_decode.beam_search(cpu, ids, mask, beam=beam)]
         assert [h[0].tokens for h in static_decode.beam_search(gpu, ids, mask, beam=beam)] == want
@@ -53,4 +53,7 @@ def test_cuda_fp16_tracks_fp32(bundle):
     half = OnnxModel(bundle, RuntimeOptions(provider="cuda", variant="fp16"))
     ids, mask = sources(bundle.spec.vocab_size)
     a, b = static_decode.greedy(cpu, ids, mask), static_decode.greedy(half, ids, mask)
-    assert sum(x == y for x, y in zip(a, b)) >= 0.9 * len(a)
+    # fp16 may part from fp32 only where fp32's two best logits nearly tie (fp16 rounding: ~1e-2).
+    model = reverser(bundle.spec.vocab_size)
+    srcs = [[int(t) for t, m in zip(row, keep) if m] for row, keep in zip(ids, mask)]
+    assert varied(a) and all(d.gap < 0.05 for d in near_ties(model, srcs, a, b)), near_ties(model, srcs, a, b)

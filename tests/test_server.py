@@ -77,13 +77,23 @@ def test_batched_equals_one_at_a_time(server, client, beam):
     assert len({len(t.split()) for t in texts}) > 10  # many different lengths
     single = [client.translate([t], beam_size=beam, return_tokens=True, return_scores=True).translations[0]
               for t in texts]
-    with cf.ThreadPoolExecutor(8) as pool:  # 8 concurrent requests of 25 texts share the decode steps
-        chunks = list(pool.map(lambda i: client.translate(texts[i:i + 25], beam_size=beam, return_tokens=True,
-                                                          return_scores=True), range(0, 200, 25)))
-    batched = [tr for resp in chunks for tr in resp.translations]
-    assert server.metric("nmt_decode_batch_size_count") > 0
+    # 8 requests of 25 texts, all queued before the engine runs (held at the gate), then decoded
+    # together; each step records which requests had rows in it.
+    model = server.app.models["multi30k-en-de-small"]
+    request_of = {tuple(model.tok.encode(t)): i // 25 for i, t in enumerate(texts)}
+    steps: list[set] = []
+    record = lambda: steps.append({request_of[tuple(st.job.src_ids)] for st in model.scheduler.running})  # noqa: E731
+    with EngineGate(model, after=record) as gate, cf.ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(client.translate, texts[i:i + 25], beam_size=beam, return_tokens=True,
+                               return_scores=True) for i in range(0, 200, 25)]
+        assert wait_for(lambda: server.metric("nmt_waiting_requests") == 200)
+        gate.open()
+        batched = [tr for f in futures for tr in f.result().translations]
+    shared = [s for s in steps if len(s) > 1]
+    assert len(shared) > len(steps) / 2 and max(map(len, steps)) >= (3 if beam == 1 else 2), \
+        f"{len(shared)} of {len(steps)} steps mixed requests"
     onnx_model = OnnxModel(discover(server.cfg.model_repository)[0], RuntimeOptions(provider="cpu"))
-    tok = server.app.models["multi30k-en-de-small"].tok
+    tok = model.tok
     differing = 0
     for text, a, b in zip(texts, single, batched):
         ta, tb = list(a.hypotheses[0].token_ids), list(b.hypotheses[0].token_ids)

@@ -214,13 +214,18 @@ def test_a_streamed_document_arrives_in_order_and_equals_the_unary_text(stub):
 
 
 def test_a_150_sentence_document_is_translated_whole(stub, server):
-    sentences = _captions(150)
-    doc = "\n\n".join(" ".join(s.strip() for s in sentences[i:i + 5]) for i in range(0, 150, 5))
+    sentences = [s.strip() for s in _captions(150)]
+    paragraphs = [sentences[i:i + 5] for i in range(0, 150, 5)]
+    doc = "\n\n".join(" ".join(p) for p in paragraphs)
     before = server.metric("nmt_request_sentences_count", model="multi30k-en-de-small", missing_ok=True)
     r = stub.Translate(pb.TranslateRequest(texts=[doc]), timeout=120)
     t = r.translations[0]
-    assert t.sentences == 150 and t.hypotheses[0].text.count("\n\n") == 29
-    assert server.settled_metric("nmt_request_sentences_count", before + 1, model="multi30k-en-de-small")
+    assert server.settled_metric("nmt_request_sentences_count", before + 1,
+                                 model="multi30k-en-de-small") == before + 1
+    # Whole: every sentence's own translation (sent alone), in order, with the layout between them.
+    alone = [a for i in range(0, 150, 50) for a in _alone(stub, sentences[i:i + 50])]
+    expected = "\n\n".join(" ".join(alone[i:i + 5]) for i in range(0, 150, 5))
+    assert t.sentences == 150 and t.hypotheses[0].text == expected
 
 
 def test_nothing_to_translate_comes_back_byte_for_byte(stub):
@@ -308,7 +313,8 @@ def test_runaway_guard_stops_loops_through_the_server(stub, server, unguarded):
         assert cut.output_tokens < full.output_tokens
         assert full.hypotheses[0].text.startswith(cut.hypotheses[0].text[:8])
         assert re.search(r"(.{1,6}?)\1{5,}", full.hypotheses[0].text), full.hypotheses[0].text
-    assert server.settled_metric("nmt_runaway_stopped_total", before + len(looping), model="multi30k-en-de-small")
+    assert server.settled_metric("nmt_runaway_stopped_total", before + len(looping),
+                                 model="multi30k-en-de-small") == before + len(looping)
     streamed = [list(stub.TranslateStream(pb.TranslateStreamRequest(text=t)))[-1] for t in looping]
     assert all(m.finish_reason == pb.FINISH_REASON_RUNAWAY for m in streamed)
     beam = stub.Translate(pb.TranslateRequest(texts=looping, options=pb.DecodingOptions(beam_size=4)))

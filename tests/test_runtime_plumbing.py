@@ -82,7 +82,10 @@ def test_relay_survives_a_failing_consumer():
             raise ValueError("consumer bug")
         relay.post(broken, None)
         relay.post(got.append, "after")
-        await asyncio.sleep(0.05)
+        for _ in range(500):  # until the relay delivered (a state to wait for, not a time)
+            if got:
+                break
+            await asyncio.sleep(0.01)
         return got
     assert asyncio.run(main()) == ["after"]
 

@@ -36,6 +36,7 @@ from serving import ROOT, flickr_sentences
 
 from client import TranslatorClient
 from client.balancing import Balancing, channel_args
+from protos.nmt.v1 import translator_pb2 as pb
 from server.app import SERVICE_NAME
 from server.config import ServerConfig
 from server.lifecycle import LIVENESS, _v1_reflection_file
@@ -386,7 +387,9 @@ class Load:
                     c.translate([text], max_output_tokens=12)
                 else:
                     *_, last = c.translate_stream(text, max_output_tokens=24)
-                    code = None if last.final else "NO_FINAL_MESSAGE"
+                    # OK means finished as it would have been: a drain must not end a stream CANCELLED.
+                    code = "NO_FINAL_MESSAGE" if not last.final else \
+                        "FINISHED_CANCELLED" if last.finish_reason == pb.FINISH_REASON_CANCELLED else None
             except grpc.RpcError as e:
                 code = e.code().name
             with self._lock:
@@ -459,7 +462,7 @@ def test_rotation_sigterm_kill_and_replacement(fleet, clients):
         direct.translate(["A dog."], max_output_tokens=4)
         # A second SIGTERM ends the lame duck: new work is refused, in-flight work drains, exit 0.
         a.proc.send_signal(signal.SIGTERM)
-        refused_after(a, direct)
+        assert refused_after(a, direct) is not None, "new work was never refused after the second SIGTERM"
         assert a.proc.wait(30) == 0
         progressed(fleet, load, time.monotonic(), replicas=(1, 2))
         assert not load.failures(), f"SIGTERM (lame duck + drain) failed calls: {load.failures()}"
@@ -491,4 +494,5 @@ def test_rotation_sigterm_kill_and_replacement(fleet, clients):
         c.proc.send_signal(signal.SIGTERM)
         refused_at = refused_after(c, direct)
         assert c.proc.wait(30) == 0
-    assert refused_at is None or refused_at - sigterm_at >= LAME_DUCK_S, "refused during the lame duck"
+    assert refused_at is not None, "the lame duck ended without refusing new work"
+    assert refused_at - sigterm_at >= LAME_DUCK_S, "refused during the lame duck"

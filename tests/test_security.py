@@ -297,12 +297,16 @@ def test_keys_never_appear_in_logs_or_metrics(keyed, caplog):
     with caplog.at_level(logging.DEBUG):
         auth_throttle = keyed.app.security.interceptor.throttle
         auth_throttle.last.clear()  # log this round's refusals even if earlier tests just logged some
+        outcomes = {}
         for key in ("alice", "bob", wrong, None):
             with client(keyed, key) as c:
                 try:
-                    c.translate([TEXT])
-                except grpc.RpcError:
-                    pass
+                    outcomes[key] = c.translate([TEXT]).translations[0].hypotheses[0].text and "OK"
+                except grpc.RpcError as e:
+                    outcomes[key] = e.code().name
+    # alice may use the default model; bob's key names another model; a wrong key or none is refused.
+    assert outcomes == {"alice": "OK", "bob": "PERMISSION_DENIED", wrong: "UNAUTHENTICATED",
+                        None: "UNAUTHENTICATED"}, outcomes
     text = keyed.metrics_text()
     assert 'key_id="alice"' in text and 'key_id="bob",result="permission_denied"' in text
     logged = caplog.text

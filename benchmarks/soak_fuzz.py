@@ -11,7 +11,7 @@ Two kinds:
     way the only right answer is INVALID_ARGUMENT.
   * well-formed messages with hostile values: NaN / inf / negative floats,
     2^32-1 and 2^64-1 integers, unknown model names up to 20,000 characters,
-    empty / whitespace-only / 100k-character texts, 1000 texts, emoji, CJK and
+    empty / whitespace-only (answered as layout) / 100k-character texts, 1000 texts, emoji, CJK and
     control characters.
 """
 from __future__ import annotations
@@ -168,8 +168,9 @@ def option_cases(max_texts: int, max_beam: int) -> list[FuzzCase]:
         ("model=emoji+control", T(model="🤖\x00\x1b[31m模型", texts=dog), NOT_FOUND),
         ("texts=[]", T(), INVALID),
         ("texts=['']", T(texts=[""]), INVALID),
-        ("texts=[whitespace]", T(texts=[" \t\n\u00a0\u2009 "]), INVALID),
-        ("texts=[zero-width]", T(texts=["\u200b\u00ad"]), INVALID),
+        # Blank-looking text is layout: it comes back as it is (docs/documents.md); only '' is refused.
+        ("texts=[whitespace]", T(texts=[" \t\n\u00a0\u2009 "]), OK_OR_FULL),
+        ("texts=[zero-width]", T(texts=["\u200b\u00ad"]), OK_OR_FULL),
         ("texts=[ok, '']", T(texts=["A dog.", ""]), INVALID),
         ("texts=[100k chars]", T(texts=["word " * 20_000]), INVALID),
         ("texts=1000", T(texts=["A dog."] * 1000), INVALID),
@@ -181,7 +182,7 @@ def option_cases(max_texts: int, max_beam: int) -> list[FuzzCase]:
         # Only control characters: nothing visible to translate; an error or a translation are both sane.
         ("text=control only", T(texts=["\x00\x01\x02\x03"]), OK_OR_FULL | INVALID),
         ("stream text=''", S(text=""), INVALID),
-        ("stream text=whitespace", S(text="   \n\t "), INVALID),
+        ("stream text=whitespace", S(text="   \n\t "), OK_OR_FULL),
         ("stream num_hypotheses=2", S(text=dog[0], options=O(beam_size=3, num_hypotheses=2)), INVALID),
         ("stream temperature=nan", S(text=dog[0], options=O(temperature=NAN)), INVALID),
         ("stream text=100k chars", S(text="x" * 100_000), INVALID),

@@ -1,0 +1,168 @@
+"""Where an engine step's time goes: ONNX Runtime vs the Python around it, at a fixed number of rows.
+
+    python -m benchmarks.engine_overhead [--rows 64,256] [--steps 300] [--mode greedy,sampling,beam4]
+        [--model model_repository/multi30k-en-de-small] [--tiny] [--out docs/benchmarks/engine_overhead.md]
+
+The engine loop is driven by hand (no thread, no gRPC, no asyncio): jobs with forced-long outputs
+(the runaway guard off, max_output_tokens large) keep exactly R rows decoding, and every iteration
+is timed in phases — schedule, encode (ONNX), decode step (ONNX), update (token choice and
+bookkeeping) — so "Python per step" is the wall time of an iteration minus the time inside
+ONNX Runtime's run calls. `--tiny` serves a randomly initialised tiny-preset export instead, whose
+graph costs almost nothing: its tokens/s is the serving layer's own ceiling (issue 21's target).
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tiny_bundle(out: Path) -> Path:
+    """Export a random tiny-preset model (needs torch: the export extra)."""
+    import torch
+
+    from export.__main__ import main as export_main
+    from models.core.config import preset
+    from models.core.tokenizer import train_tokenizer
+    from models.transformer import Transformer
+    tok = train_tokenizer([" ".join(f"w{i}" for i in range(400))] * 3, vocab_size=500, min_frequency=1)
+    ckpt = out / "tiny-en-de"
+    ckpt.mkdir(parents=True)
+    tok.save(ckpt / "tokenizer.json")
+    torch.manual_seed(0)
+    model = Transformer(preset("tiny", vocab_size=tok.vocab_size)).eval()
+    torch.save({"config": model.cfg.to_dict(), "model": model.state_dict(),
+                "meta": {"src_lang": "en", "tgt_lang": "de"}}, ckpt / "model.pt")
+    (ckpt / "MODEL_CARD.md").write_text("# tiny (random weights, benchmark only)\n")
+    if export_main(["--checkpoint", str(ckpt / "model.pt"), "--out", str(out / "repo")]) != 0:
+        raise SystemExit("tiny export failed")
+    return next((out / "repo" / "tiny-en-de").iterdir())
+
+
+class Timed:
+    """Wraps a callable and sums its wall time."""
+
+    def __init__(self, fn):
+        self.fn, self.total, self.calls = fn, 0.0, 0
+
+    def __call__(self, *a, **k):
+        t0 = time.perf_counter()
+        try:
+            return self.fn(*a, **k)
+        finally:
+            self.total += time.perf_counter() - t0
+            self.calls += 1
+
+
+def measure(bundle_path: Path, rows: int, steps: int, mode: str, threads: int) -> dict:
+    from models.core.bundle import load_bundle
+    from server.config import ServerConfig
+    from server.hosted import HostedModel
+    from server.metrics import Metrics
+    from server.request import DecodingParams
+
+    beam = int(mode[4:]) if mode.startswith("beam") else 1
+    cfg = ServerConfig(max_batch_size=rows, max_queue_size=4 * rows, runaway_guard=False, warmup=False,
+                       intra_op_threads=threads, max_output_tokens=400)
+    model = HostedModel(load_bundle(bundle_path), cfg, Metrics())
+    sched, engine = model.scheduler, model.engine
+    # Phase timers: ONNX Runtime's own calls, and the scheduler's phases.
+    ort_calls = []
+    for session in filter(None, [model.runtime.encoder, model.runtime._decoder, model.runtime.inplace]):
+        ort_calls.append(Timed(session.run))
+        session.run = ort_calls[-1]
+        if hasattr(session, "run_with_iobinding"):
+            ort_calls.append(Timed(session.run_with_iobinding))
+            session.run_with_iobinding = ort_calls[-1]
+    update = Timed(sched.update)
+    sched.update = update
+    params = DecodingParams(beam_size=beam, temperature=1.0 if mode == "sampling" else 0.0, seed=1,
+                            max_output_tokens=360)
+    texts = ["A man in a blue shirt is riding a bike down the street.", "Two dogs play in the snow."]
+    jobs_per_fill = rows // max(beam, 1)
+    produced = [0]
+
+    def sink(event) -> None:
+        from server.request import FinishEvent
+        if isinstance(event, FinishEvent):
+            produced[0] += len(event.hypotheses[0].token_ids)
+
+    def refill() -> None:
+        missing = jobs_per_fill - len(sched.running) - len(sched.waiting)
+        if missing > 0:
+            sched.submit(model.jobs([texts[i % 2] for i in range(missing)], params, sink, None))
+    refill()
+    now = time.monotonic()
+    model.loop.iteration(now)  # admit and encode the first batch (not timed)
+    for t in ort_calls:
+        t.total = 0.0
+    update.total = 0.0
+    batch_sizes, t0 = [], time.perf_counter()
+    for _ in range(steps):
+        refill()
+        batch_sizes.append(engine.cache.used)
+        model.loop.iteration(time.monotonic())
+    wall = time.perf_counter() - t0
+    in_ort = sum(t.total for t in ort_calls)
+    tokens = sum(batch_sizes) // max(beam, 1)  # output tokens of the best hypotheses (beam: one per k rows)
+    return {"mode": mode, "rows": rows, "steps": steps, "mean_rows": statistics.mean(batch_sizes),
+            "wall_ms_per_step": 1000 * wall / steps, "ort_ms_per_step": 1000 * in_ort / steps,
+            "python_ms_per_step": 1000 * (wall - in_ort) / steps, "update_ms_per_step": 1000 * update.total / steps,
+            "python_share": (wall - in_ort) / wall, "tokens_per_s": tokens / wall}
+
+
+def machine() -> str:
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        cpu = platform.processor()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    return f"{cpu}, {len(__import__('os').sched_getaffinity(0))} cores; commit {commit.strip()}"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=str(ROOT / "model_repository" / "multi30k-en-de-small"),
+                   help="a bundle directory (or a model directory: its newest version)")
+    p.add_argument("--tiny", action="store_true", help="a random tiny-preset export instead of --model")
+    p.add_argument("--rows", type=lambda s: [int(x) for x in s.split(",")], default=[64, 256])
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--mode", type=lambda s: s.split(","), default=["greedy", "sampling", "beam4"])
+    p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = default)")
+    p.add_argument("--out", default="", help="append a markdown table here")
+    args = p.parse_args(argv)
+    from models.core.bundle import newest_version
+    with tempfile.TemporaryDirectory() as tmp:
+        path = tiny_bundle(Path(tmp)) if args.tiny else Path(args.model)
+        if not (path / "config.json").exists():
+            path = newest_version(path)
+        lines = [f"`python -m benchmarks.engine_overhead {' '.join(argv or sys.argv[1:])}` — {machine()}, "
+                 f"{'tiny random model' if args.tiny else path.parent.name + '/' + path.name}", "",
+                 "| mode | rows | mean rows | ms/step | in ONNX Runtime | Python | of which update | Python share | "
+                 "tokens/s |", "|---|---|---|---|---|---|---|---|---|"]
+        for mode in args.mode:
+            for rows in args.rows:
+                r = measure(path, rows, args.steps, mode, args.threads)
+                lines.append(f"| {mode} | {rows} | {r['mean_rows']:.0f} | {r['wall_ms_per_step']:.2f} | "
+                             f"{r['ort_ms_per_step']:.2f} | {r['python_ms_per_step']:.2f} | "
+                             f"{r['update_ms_per_step']:.2f} | {100 * r['python_share']:.0f}% | "
+                             f"{r['tokens_per_s']:,.0f} |")
+                print(lines[-1], flush=True)
+    text = "\n".join(lines) + "\n"
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write("\n" + text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

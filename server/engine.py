@@ -1,7 +1,9 @@
 """The engine: encoder passes into fresh slots, and one decode step over every running row.
 
-It never sees a queue or a request's options: the scheduler hands it jobs to
-encode and reads back logits. Rows are decoded in slot order.
+It never sees a queue or a request: the scheduler hands it jobs to encode and,
+each step, what every row needs (server/choose.py's RowControls); the engine
+runs the step, chooses the tokens and returns plain arrays. Logits never leave
+it. Rows are decoded in slot order.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from models.core.inplace_step import InPlaceStep
 from models.core.kv_cache import Row, SlotCache
 from models.core.runtime import OnnxModel
 from models.core.static_decode import pad_batch
+from server.choose import Choices, RowControls, TokenChooser
 from server.metrics import Metrics
 from server.request import EmbedJob, Job
 
@@ -43,10 +46,12 @@ def length_groups(lengths: list[int], max_padding: float) -> list[list[int]]:
 
 
 class Engine:
-    def __init__(self, name: str, runtime: OnnxModel, cache: SlotCache, metrics: Metrics, max_padding: float):
+    def __init__(self, name: str, runtime: OnnxModel, cache: SlotCache, metrics: Metrics, max_padding: float,
+                 chooser: TokenChooser):
         self.name, self.runtime, self.cache, self.m = name, runtime, cache, metrics.for_model(name)
         self.spec = runtime.spec
         self.max_padding = max_padding
+        self.chooser = chooser
         # decoder_inplace.onnx writes the slot cache itself; decoder_step.onnx needs gathered copies.
         self.inplace = InPlaceStep(runtime.inplace, cache, self.spec.out_vocab_size) if runtime.inplace else None
 
@@ -76,8 +81,12 @@ class Engine:
         weights = mask[:, :, None].astype(np.float32)  # (B, S, 1)
         return (memory * weights).sum(1) / np.maximum(weights.sum(1), 1.0)
 
-    def decode_step(self) -> np.ndarray:
-        """One step for every running row -> logits (B, V); the rows' caches grow by one."""
+    def decode_step(self, controls: RowControls) -> Choices:
+        """One step for every running row -> each row's choice; the rows' caches grow by one."""
+        return self.chooser.choose(self.step_logits(), controls)
+
+    def step_logits(self) -> np.ndarray:
+        """One step for every running row -> logits (B, V), before any choice (parity tests read them)."""
         b = self.cache.used
         if self.inplace is not None:
             t0 = time.perf_counter()

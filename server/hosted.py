@@ -18,6 +18,7 @@ from server.config import ServerConfig
 from server.documents.html import plan_html
 from server.documents.plan import MIME_HTML, DocumentOptions, Plan
 from server.documents.segment import plan_text
+from server.choose import TokenChooser
 from server.engine import Engine
 from server.errors import InvalidArgument, shown
 from server.loop import EngineLoop
@@ -53,7 +54,8 @@ class HostedModel:
                                    max_encode_batch=cfg.max_batch_size, stream_interval=cfg.stream_interval,
                                    rules=rules, guard=RunawayGuard(cfg.runaway_guard, min_span=cfg.runaway_min_span,
                                                                    length_ratio=cfg.runaway_length_ratio))
-        self.engine = Engine(self.name, self.runtime, self.cache, metrics, cfg.max_encode_padding)
+        self.engine = Engine(self.name, self.runtime, self.cache, metrics, cfg.max_encode_padding,
+                             TokenChooser(rules.suppress_ids, rules.renormalize))
         self.loop = EngineLoop(self.scheduler, self.engine, cfg.max_queue_delay_ms / 1000.0)
         for gauge in (metrics.running, metrics.waiting, metrics.kv_usage):
             gauge.labels(self.name).set(0)

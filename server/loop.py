@@ -75,8 +75,7 @@ class EngineLoop(threading.Thread):
             relay.flush()  # embeddings are done: do not hold them for the decode step
         if not engine.cache.used:
             return bool(plan.encode or plan.embed)
-        logits = engine.decode_step()
-        sched.update(logits, time.monotonic())
+        sched.update(engine.decode_step(sched.controls()), time.monotonic())
         return True
 
     def stop(self, grace: float) -> None:

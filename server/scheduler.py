@@ -6,8 +6,11 @@ Each engine-loop iteration is  schedule() -> engine work -> update():
     allow; the result is a StepPlan.
   * the engine encodes the admitted jobs into fresh slots and runs one decode
     step over every running row (old and new together: continuous batching).
-  * update() turns each row's logits into its next token (greedy, sampling or
-    a beam step), streams tokens, and finishes rows and jobs, freeing slots.
+  * controls() says what each running row needs this step (greedy, sampling with
+    the row's draw, a forced token, a beam width); the engine chooses the tokens
+    (server/choose.py) and returns plain arrays.
+  * update() applies them: beam steps, streamed tokens, finished rows and jobs,
+    freed slots. The scheduler never sees logits.
 """
 from __future__ import annotations
 
@@ -18,15 +21,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-import numpy as np
-
-from models.core.beam import BeamState, log_softmax, logsumexp
+from models.core.beam import BeamState
 from models.core.kv_cache import Row, SlotCache
 from server.errors import Cancelled, DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable
 from server.metrics import Metrics
 from server.request import EmbedJob, ErrorEvent, FinishEvent, FinishReason, GenerationRules, Hypothesis, Job, TokenEvent
+from server.choose import BEAM, SAMPLE, Choices, RowControls, make_rng
 from server.runaway import RunawayGuard
-from server.sampler import make_rng, sample_token
 
 
 @dataclass
@@ -42,6 +43,7 @@ class Running:
     rngs: list = field(default_factory=list)
     unsent: list[int] = field(default_factory=list)  # streamed tokens held for the next TokenEvent
     step: int = 0
+    plain: bool = False  # greedy, unscored, nothing forced: the engine's default choice, no controls to set
 
     @property
     def scored(self) -> bool:
@@ -63,7 +65,6 @@ class Scheduler:
         self.model, self.cache, self.m = model, cache, metrics.for_model(model)
         self.eos_id = eos_id
         self.rules = rules or GenerationRules(eos_id)
-        self.suppress = list(self.rules.suppress_ids)
         self.guard = guard or RunawayGuard()
         # Each stream message costs ~100 us of gRPC CPU on both ends (docs/benchmarks/serving_load.md);
         # under load, sending every N tokens buys that CPU back for decoding.
@@ -154,55 +155,74 @@ class Scheduler:
             state.tokens, state.logprob = [[] for _ in range(n)], [0.0] * n
             state.live, state.ended_by_eos, state.guarded = [True] * n, [False] * n, [False] * n
             state.rngs = [make_rng(p.seed, i) if p.sampling else None for i in range(n)]
+        state.plain = state.beam is None and not (p.sampling or state.scored or job.forced
+                                                   or self.rules.force_eos_at_limit)
         self.running.append(state)
         self.m.input_tokens.inc(len(job.src_ids))
         self.m.running.set(len(self.running))
 
-    def update(self, logits: np.ndarray, now: float) -> None:
-        """logits (B, V) for the rows in slot order, from one decode step."""
-        # Log-probabilities only where someone reads them: a full-vocabulary softmax for every
-        # row was 6% of the engine thread, and a plain greedy stream never reports a score.
-        lse = np.zeros(len(logits), dtype=np.float32)
-        scored = [r.slot for st in self.running if st.beam is None and st.scored for r in st.rows if r.slot >= 0]
-        if scored:
-            lse[scored] = logsumexp(logits[scored])
-        self._suppressed_lse = None
-        if self.suppress:
-            # Suppressed tokens get -inf in place (logits is this step's buffer). Beam search keeps the
-            # unsuppressed normaliser, as Hugging Face applies its processors after log_softmax.
-            self._suppressed_lse = np.logaddexp(logsumexp(logits), logsumexp(logits[:, self.suppress]))
-            logits[:, self.suppress] = -np.inf
-        greedy = logits.argmax(axis=-1).tolist()  # every row's argmax in one call; sampling rows ignore it
-        # Slots must not move while logits rows are read by slot: releases wait until the end.
+    def controls(self) -> RowControls:
+        """What the engine must do for each running row this step (kind of choice, sampling settings
+        and the row's draw, a forced token, whether its log-probability is read). No logits here."""
+        c = RowControls.greedy(self.cache.used)
+        force_eos = self.rules.force_eos_at_limit
+        for state in self.running:
+            if state.plain:
+                continue
+            job, p = state.job, state.job.params
+            n_forced = len(job.forced)
+            if state.beam is not None:
+                slots = [r.slot for r in state.rows]
+                c.kind[slots], c.beam[slots] = BEAM, p.beam_size
+                if state.step < n_forced:
+                    c.forced[slots] = job.forced[state.step]
+                elif force_eos and state.step == job.max_len - 1 + n_forced:
+                    c.forced[slots] = self.eos_id
+                continue
+            for i, live in enumerate(state.live):
+                if not live:
+                    continue
+                slot = state.rows[i].slot
+                if state.step < n_forced:  # a language token: fed back, never an output
+                    c.forced[slot] = job.forced[state.step]
+                    continue
+                c.scored[slot] = state.scored
+                if force_eos and len(state.tokens[i]) == job.max_len - 1:
+                    c.forced[slot] = self.eos_id
+                elif p.sampling:
+                    c.kind[slot], c.temperature[slot], c.top_k[slot], c.top_p[slot] = \
+                        SAMPLE, p.temperature, p.top_k, p.top_p
+                    c.noise[slot] = state.rngs[i].random()  # one draw per row and step: batch-invariant
+        return c
+
+    def update(self, choices: Choices, now: float) -> None:
+        """The engine's choices for the rows in slot order, from one decode step."""
+        tokens, logprobs = choices.token.tolist(), choices.logprob.tolist()
+        # Slots must not move while choices are read by slot: releases wait until the end.
         self._to_release: list[Row] = []
         for state in list(self.running):
             if state.beam is not None:
-                self._beam_update(state, logits, now)
+                self._beam_update(state, choices, now)
             else:
-                self._row_update(state, logits, lse, greedy, now)
+                self._row_update(state, tokens, logprobs, now)
             state.step += 1
         self.cache.release(self._to_release)
         self.m.running.set(len(self.running))
         self.m.kv_usage.set(self.cache.usage())
 
     # -- internals ------------------------------------------------------------------
-    def _row_update(self, state: Running, logits: np.ndarray, lse: np.ndarray, greedy: list[int],
-                    now: float) -> None:
+    def _row_update(self, state: Running, tokens: list[int], logprobs: list[float], now: float) -> None:
         job = state.job
         finished_rows = []
         forced = state.step < len(job.forced)
         for i in [i for i, live in enumerate(state.live) if live]:
             row = state.rows[i]
+            tok = tokens[row.slot]
             if forced:  # not an output token: fed back, never returned or streamed
-                row.token = job.forced[state.step]
+                row.token = tok
                 continue
-            if self.rules.force_eos_at_limit and len(state.tokens[i]) == job.max_len - 1:
-                tok = self.eos_id
-            else:
-                tok = sample_token(logits[row.slot], job.params, state.rngs[i]) if job.params.sampling \
-                    else greedy[row.slot]
             if state.scored:
-                state.logprob[i] += float(logits[row.slot, tok] - lse[row.slot])
+                state.logprob[i] += logprobs[row.slot]
             if tok == self.eos_id:
                 state.live[i], state.ended_by_eos[i] = False, True
             else:
@@ -235,21 +255,13 @@ class Scheduler:
                 FinishReason.RUNAWAY if state.guarded[first] else FinishReason.LENGTH
             self._finish(state, [hyps[i] for i in order], reason, now)
 
-    def _beam_update(self, state: Running, logits: np.ndarray, now: float) -> None:
+    def _beam_update(self, state: Running, choices: Choices, now: float) -> None:
         job = state.job
         slots = [r.slot for r in state.rows]
         n_forced = len(job.forced)
         last = state.step == job.max_len - 1 + n_forced
-        if self._suppressed_lse is None or self.rules.renormalize:
-            logp = log_softmax(logits[slots])  # suppressed tokens, if any, are already -inf in logits
-        else:
-            logp = logits[slots].astype(np.float32) - self._suppressed_lse[slots, None]
-        if state.step < n_forced or (last and self.rules.force_eos_at_limit):
-            # Hugging Face's forced-token processors: every other token -inf, the forced one log-prob 0.
-            keep = job.forced[state.step] if state.step < n_forced else self.eos_id
-            logp = np.full_like(logp, -np.inf)
-            logp[:, keep] = 0.0
-        parents, tokens = state.beam.advance(logp, state.step, last)
+        parents, tokens = state.beam.advance_candidates(choices.beam_ids[slots], choices.beam_logp[slots],
+                                                        state.step, last)
         if state.step >= n_forced:
             self._observe_token(job, now)
         guarded = not state.beam.finished and self.guard.tripped(state.beam.history[0], len(job.src_ids), n_forced)

@@ -17,6 +17,7 @@ from models.core.bundle import load_bundle, newest_version
 from models.core.kv_cache import SlotCache
 from models.core.runtime import OnnxModel, RuntimeOptions
 from models.core.static_decode import pad_batch
+from server.choose import TokenChooser
 from server.engine import Engine
 from server.metrics import Metrics
 
@@ -32,7 +33,7 @@ def bundle():
 def engine(bundle, decoder: str) -> Engine:
     runtime = OnnxModel(bundle, RuntimeOptions(provider="cpu", decoder=decoder))
     cache = SlotCache(bundle.spec, SLOTS, MAX_SOURCE, MAX_TARGET)
-    return Engine("m", runtime, cache, Metrics(), max_padding=0.5)
+    return Engine("m", runtime, cache, Metrics(), max_padding=0.5, chooser=TokenChooser())
 
 
 def test_auto_picks_the_inplace_graph_on_cpu(bundle):
@@ -82,7 +83,7 @@ def test_inplace_matches_copy_over_a_continuous_batch_life(bundle):
             groups.append((a, b))
         if not inplace.cache.used:
             continue
-        got, want = inplace.decode_step().copy(), copy.decode_step()
+        got, want = inplace.step_logits().copy(), copy.step_logits()
         steps += 1
         worst = max(worst, float(np.abs(got - want).max()))
         assert np.array_equal(got.argmax(-1), want.argmax(-1)), f"greedy choice differs at step {steps}"
@@ -115,7 +116,7 @@ def test_a_row_at_the_cache_capacity_is_refused_not_overrun(bundle):
     (rows,) = _join((e,), rng, bundle.spec, 1)
     e.cache.length[rows[0].slot] = MAX_TARGET  # as if the scheduler had let it run past the limit
     with pytest.raises(RuntimeError, match="cache's 48 positions"):
-        e.decode_step()
+        e.step_logits()
 
 
 def test_int8_server_gives_the_same_tokens_alone_and_in_any_batch():

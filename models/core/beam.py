@@ -33,7 +33,7 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 
 def logsumexp(x: np.ndarray) -> np.ndarray:
     """(..., V) -> (...): log of the softmax denominator, so log p(t) = x[t] - logsumexp(x)."""
-    x = x.astype(np.float32)
+    x = np.asarray(x, dtype=np.float32)  # no copy when it already is
     top = x.max(axis=-1)
     return top + np.log(np.exp(x - top[..., None]).sum(axis=-1))
 
@@ -55,15 +55,23 @@ class BeamState:
         self.history = [[] for _ in range(self.beam)]
 
     def advance(self, logp: np.ndarray, step: int, last: bool) -> tuple[np.ndarray, np.ndarray]:
-        """logp (K, V) for this step -> (parents (K,), next tokens (K,)).
+        """logp (K, V) for this step -> (parents (K,), next tokens (K,)): each row's best 2K
+        continuations hold the sentence's best 2K, so only those are ranked."""
+        width = 2 * self.beam
+        top = np.argpartition(-logp, width - 1, axis=-1)[:, :width]
+        return self.advance_candidates(top, np.take_along_axis(logp, top, axis=-1), step, last)
+
+    def advance_candidates(self, ids: np.ndarray, logp: np.ndarray, step: int,
+                           last: bool) -> tuple[np.ndarray, np.ndarray]:
+        """ids, logp (K, C >= 2K): each row's candidate continuations (any order; -inf = none)
+        -> (parents (K,), next tokens (K,)).
 
         Dead beams (score -inf) get parent 0 and token eos_id; their rows are
         masked out by their -inf score in later steps.
         """
-        k, vocab = logp.shape
-        cand = (self.scores[:, None] + logp).reshape(-1)  # (K*V,)
-        top = np.argpartition(-cand, 2 * k - 1)[: 2 * k]
-        top = top[np.argsort(-cand[top], kind="stable")]
+        k, width = ids.shape
+        cand = (self.scores[:, None] + logp.astype(np.float32)).reshape(-1)  # (K*C,)
+        top = np.argsort(-cand, kind="stable")[: 2 * k]
         next_scores = np.full(k, -np.inf, dtype=np.float32)
         parents = np.zeros(k, dtype=np.int64)
         tokens = np.full(k, self.eos_id, dtype=np.int64)
@@ -72,7 +80,8 @@ class BeamState:
             sc = float(cand[idx])
             if sc == -np.inf:
                 break
-            parent, tok = divmod(idx, vocab)
+            parent, j = divmod(idx, width)
+            tok = int(ids[parent, j])
             if tok == self.eos_id or last:
                 if rank < k and (len(self.done) < k or not self.early_stopping):
                     eos = tok == self.eos_id

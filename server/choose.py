@@ -1,0 +1,178 @@
+"""Token choice for one decode step, over every row at once: logits in, plain arrays out.
+
+The engine owns this step; the scheduler never sees logits. It describes each row once per
+step in a `RowControls` (what kind of choice, its sampling settings and noise, a forced token,
+whether its log-probability is read, its beam width) and gets back a `Choices`: the chosen
+token and its log-probability for every greedy or sampling row, and the best 2K
+continuations of every beam row (the top 2K over a request's K rows x vocabulary are always
+among its rows' own top 2K, so beam bookkeeping never needs the whole vocabulary).
+
+Measured before this file (python -m benchmarks.engine_overhead, 2-core AMD EPYC, shipped
+model): the per-row loops around the logits were 53% of an engine step for sampling streams
+(each row copied its vocabulary to float64, exponentiated and summed it alone) and 48% for
+beam 4 (a log_softmax and a partition of K x V per request). Here each pass is one numpy call
+over all the rows that need it. The arithmetic is the per-row code's, element for element
+(float64 tempering, sequential cumsum, the same filters), so seeded sampling gives the same
+tokens as before, alone or in any batch; the row's uniform draw is an input (`noise`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from models.core.beam import logsumexp
+
+GREEDY, SAMPLE, BEAM = 0, 1, 2
+_BLOCK = 64  # tokens per block of the two-level inverse-CDF search
+
+
+def make_rng(seed: Optional[int], hypothesis: int) -> np.random.Generator:
+    """A sampling row's own noise source: seeded from (request seed, hypothesis index), one draw per
+    step, so a seeded request gives the same output whatever else shares its batch."""
+    if seed is None:
+        return np.random.default_rng()
+    return np.random.default_rng([seed, hypothesis])
+
+
+@dataclass
+class RowControls:
+    """One step's instructions, per slot (row i of the logits). Defaults: greedy, nothing read."""
+    kind: np.ndarray  # (B,) GREEDY / SAMPLE / BEAM
+    forced: np.ndarray  # (B,) int64: a token that must come next (language token, EOS at the limit), -1 = none
+    scored: np.ndarray  # (B,) bool: the chosen token's log-probability is read
+    temperature: np.ndarray  # (B,) float64, sampling rows
+    top_k: np.ndarray  # (B,) int64, sampling rows (0 = off)
+    top_p: np.ndarray  # (B,) float64, sampling rows (1 = off)
+    noise: np.ndarray  # (B,) float64 in [0, 1): the row's uniform draw, sampling rows
+    beam: np.ndarray  # (B,) int64: K for beam rows
+
+    @classmethod
+    def greedy(cls, b: int) -> "RowControls":
+        return cls(np.full(b, GREEDY, np.int8), np.full(b, -1, np.int64), np.zeros(b, bool), np.ones(b),
+                   np.zeros(b, np.int64), np.ones(b), np.zeros(b), np.zeros(b, np.int64))
+
+
+@dataclass
+class Choices:
+    token: np.ndarray  # (B,) int64: greedy / sampled / forced token (beam rows: unused)
+    logprob: np.ndarray  # (B,) float32: log p(token), for scored rows (0 elsewhere)
+    beam_ids: np.ndarray  # (B, C) int64: beam rows' best continuations, best first (C = 2 x widest beam)
+    beam_logp: np.ndarray  # (B, C) float32: their log-probabilities (-inf past a row's own 2K)
+
+
+def _rows(x: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """x[index], without the copy when the index is every row in order (the common case: one kind
+    of request; a copy of 256 x 58k logits would cost more than the choice)."""
+    return x if len(index) == len(x) else x[index]
+
+
+class TokenChooser:
+    def __init__(self, suppress_ids: tuple[int, ...] = (), renormalize: bool = False):
+        self.suppress = list(suppress_ids)
+        # Beam log-probs after suppression: renormalised over what is left (Hugging Face's renormalize_logits),
+        # or against the full vocabulary's normaliser (its processors applied after log_softmax).
+        self.renormalize = renormalize
+
+    def choose(self, logits: np.ndarray, c: RowControls) -> Choices:
+        """logits (B, V), this step's buffer: suppressed ids are set to -inf in place."""
+        b, vocab = logits.shape
+        token = np.zeros(b, np.int64)
+        logprob = np.zeros(b, np.float32)
+        scored = np.flatnonzero(c.scored & (c.kind != BEAM))
+        # The normaliser of the unsuppressed vocabulary: log p reported for a token is what the model gave it.
+        lse = logsumexp(_rows(logits, scored)) if len(scored) else None
+        beam_rows = np.flatnonzero(c.kind == BEAM)
+        beam_norm = None
+        if self.suppress and len(beam_rows) and not self.renormalize:
+            full = _rows(logits, beam_rows)
+            beam_norm = np.logaddexp(logsumexp(full), logsumexp(full[:, self.suppress]))
+        if self.suppress:
+            logits[:, self.suppress] = -np.inf
+        greedy = np.flatnonzero(c.kind == GREEDY)
+        if len(greedy):
+            token[greedy] = _rows(logits, greedy).argmax(axis=-1)
+        sampled = np.flatnonzero(c.kind == SAMPLE)
+        if len(sampled):
+            token[sampled] = self._sample(_rows(logits, sampled), c, sampled)
+        forced = np.flatnonzero((c.forced >= 0) & (c.kind != BEAM))
+        token[forced] = c.forced[forced]
+        if len(scored):
+            logprob[scored] = logits[scored, token[scored]] - lse
+        width = 2 * int(c.beam[beam_rows].max()) if len(beam_rows) else 0
+        beam_ids = np.zeros((b, width), np.int64)
+        beam_logp = np.full((b, width), -np.inf, np.float32)
+        if len(beam_rows):
+            self._beam(logits, c, beam_rows, beam_norm, beam_ids, beam_logp)
+        return Choices(token, logprob, beam_ids, beam_logp)
+
+    @staticmethod
+    def _sample(logits: np.ndarray, c: RowControls, rows: np.ndarray) -> np.ndarray:
+        """Inverse-CDF sampling from the tempered, top-k / top-p filtered distribution of each row.
+
+        The draw is located in two levels (which block of 64 tokens, then which token in it): a
+        running sum over the whole vocabulary, row by row, was most of the cost."""
+        z = logits / c.temperature[rows, None].astype(np.float32)  # (n, V)
+        n, vocab = z.shape
+        top_k = c.top_k[rows]
+        for k in np.unique(top_k[(top_k > 0) & (top_k < vocab)]):  # one partition per distinct k
+            group = np.flatnonzero(top_k == k)
+            kth = np.partition(z[group], vocab - k, axis=-1)[:, vocab - k]
+            z[group] = np.where(z[group] < kth[:, None], -np.inf, z[group])
+        top_p = c.top_p[rows]
+        nucleus = np.flatnonzero((top_p > 0.0) & (top_p < 1.0))
+        if len(nucleus):
+            zs = z[nucleus]
+            order = np.argsort(-zs, axis=-1, kind="stable")
+            ranked = np.take_along_axis(zs, order, axis=-1)
+            probs = np.exp(ranked - ranked[:, :1])
+            probs /= probs.sum(axis=-1, keepdims=True)
+            # The smallest prefix whose mass reaches top_p, at least one token.
+            keep = (np.cumsum(probs, axis=-1) < top_p[nucleus, None]).sum(axis=-1) + 1
+            cut = np.arange(vocab)[None, :] >= keep[:, None]  # (m, V) in ranked order
+            np.put_along_axis(zs, order, np.where(cut, -np.inf, ranked), axis=-1)
+            z[nucleus] = zs
+        probs = np.exp(z - z.max(axis=-1, keepdims=True))  # (n, V) float32
+        block = _BLOCK
+        pad = -vocab % block
+        if pad:
+            probs = np.concatenate([probs, np.zeros((n, pad), np.float32)], axis=-1)
+        blocks = probs.reshape(n, -1, block).sum(axis=-1, dtype=np.float64)  # (n, V / 64)
+        ends = np.cumsum(blocks, axis=-1)
+        target = c.noise[rows] * ends[:, -1]  # where the draw falls in the row's total mass
+        j = np.minimum((ends <= target[:, None]).sum(axis=-1), ends.shape[1] - 1)  # its block
+        before = np.where(j > 0, np.take_along_axis(ends, np.maximum(j - 1, 0)[:, None], -1)[:, 0], 0.0)
+        inside = np.take_along_axis(probs.reshape(n, -1, block), j[:, None, None], 1)[:, 0]  # (n, 64)
+        at = (np.cumsum(inside, axis=-1, dtype=np.float64) <= (target - before)[:, None]).sum(axis=-1)
+        drawn = j * block + np.minimum(at, block - 1)
+        # Never a token of zero mass (rounding at a block's end): the nearest one with mass below it.
+        zero = probs[np.arange(n), drawn] == 0
+        if zero.any():
+            for i in np.flatnonzero(zero):
+                drawn[i] = np.flatnonzero(probs[i, :drawn[i] + 1] > 0)[-1]
+        return np.minimum(drawn, vocab - 1)
+
+    def _beam(self, logits: np.ndarray, c: RowControls, rows: np.ndarray, norm, ids: np.ndarray,
+              logp_out: np.ndarray) -> None:
+        """Each beam row's best 2K tokens and their log-probabilities: a partition of the row's logits
+        and its normaliser (the whole log_softmax is never formed)."""
+        x = _rows(logits, rows)
+        if norm is None:  # renormalised, or nothing suppressed: the normaliser of what is left
+            norm = logsumexp(x)
+        vocab = x.shape[1]
+        forced = c.forced[rows]
+        for k in np.unique(c.beam[rows]):
+            group = np.flatnonzero(c.beam[rows] == k)
+            width = 2 * int(k)
+            xg = _rows(x, group)
+            top = np.argpartition(xg, vocab - width, axis=-1)[:, vocab - width:]
+            vals = np.take_along_axis(xg, top, axis=-1)
+            order = np.argsort(-vals, axis=-1, kind="stable")
+            ids[rows[group], :width] = np.take_along_axis(top, order, axis=-1)
+            logp_out[rows[group], :width] = np.take_along_axis(vals, order, axis=-1) - norm[group, None]
+        # Hugging Face's forced-token processors: every other token -inf, the forced one log-prob 0.
+        pinned = np.flatnonzero(forced >= 0)
+        if len(pinned):
+            ids[rows[pinned], 0], logp_out[rows[pinned], 0] = forced[pinned], 0.0
+            logp_out[rows[pinned], 1:] = -np.inf

@@ -92,7 +92,7 @@ def measure(bundle_path: Path, rows: int, steps: int, mode: str, threads: int) -
     def sink(event) -> None:
         from server.request import FinishEvent
         if isinstance(event, FinishEvent):
-            produced[0] += len(event.hypotheses[0].token_ids)
+            produced[0] += len(event.hypotheses[0].tokens)
 
     def refill() -> None:
         missing = jobs_per_fill - len(sched.running) - len(sched.waiting)

@@ -160,7 +160,7 @@ async def inprocess(args, texts) -> dict:
                 last = now
             elif isinstance(ev, FinishEvent):
                 return Sample(first if first is not None else now - t0, gaps, now - t0,
-                              len(ev.hypotheses[0].token_ids))
+                              len(ev.hypotheses[0].tokens))
             elif isinstance(ev, ErrorEvent):
                 raise ev.error
     levels = await run_all(stream, texts, args, cpu_seconds, inside_ort)

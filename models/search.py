@@ -12,12 +12,12 @@ provides `init_state`, `decode_step(tokens, state)` and `reorder_state`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Protocol, Union
 
 import torch
 from torch import Tensor
 
+from models.core.beam import Hypothesis  # the one Hypothesis type (tokens, score, finished_by_eos)
 from models.core.config import max_output_len
 from models.transformer import Transformer
 
@@ -177,12 +177,6 @@ def _strip(ids: list[int], eos: int, pad: int) -> list[int]:
 def length_normalized(score: float, length: int, alpha: float) -> float:
     """Log-prob divided by length^alpha; length counts the EOS token."""
     return score / (max(length, 1) ** alpha)
-
-
-@dataclass
-class Hypothesis:
-    tokens: list[int]
-    score: float  # length-normalised log-probability
 
 
 @torch.no_grad()

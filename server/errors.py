@@ -1,40 +1,40 @@
-"""Service errors. Each names its gRPC status; service.py maps them in one place."""
+"""Service errors as plain kinds. Each names its status (a gRPC status code's name, as a string);
+the service edge maps it to the wire in one place (service.py `_guard`), so the engine core that
+raises them (scheduler, loop, hosted models) imports no grpc."""
 from __future__ import annotations
-
-import grpc
 
 
 class ServiceError(Exception):
-    code = grpc.StatusCode.INTERNAL
+    code = "INTERNAL"
 
 
 class InvalidArgument(ServiceError):
-    code = grpc.StatusCode.INVALID_ARGUMENT
+    code = "INVALID_ARGUMENT"
 
 
 class NotFound(ServiceError):
-    code = grpc.StatusCode.NOT_FOUND
+    code = "NOT_FOUND"
 
 
 class ResourceExhausted(ServiceError):
-    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    code = "RESOURCE_EXHAUSTED"
 
 
 class Unavailable(ServiceError):
-    code = grpc.StatusCode.UNAVAILABLE
+    code = "UNAVAILABLE"
 
 
 class DeadlineExceeded(ServiceError):
-    code = grpc.StatusCode.DEADLINE_EXCEEDED
+    code = "DEADLINE_EXCEEDED"
 
 
 class Cancelled(ServiceError):
-    code = grpc.StatusCode.CANCELLED
+    code = "CANCELLED"
 
 
 class Internal(ServiceError):
     """An engine failure; the requests in flight fail with it and the loop keeps serving."""
-    code = grpc.StatusCode.INTERNAL
+    code = "INTERNAL"
 
 
 # Error messages travel in gRPC trailing metadata (grpc-message), which peers cap at

@@ -15,6 +15,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from models.core.beam import Hypothesis  # noqa: F401 (one Hypothesis type for the whole house)
+
 _ids = itertools.count(1)
 
 
@@ -58,12 +60,6 @@ class GenerationRules:
     # Beam search ends with K finished hypotheses (True), or goes on while a live beam could still
     # beat them (False: Hugging Face's default, kept by imported models; see models/core/beam.py).
     early_stopping: bool = True
-
-
-@dataclass
-class Hypothesis:
-    token_ids: list[int]
-    score: float
 
 
 @dataclass

@@ -248,7 +248,7 @@ class Scheduler:
             state.unsent = []
         self._to_release.extend(finished_rows)
         if not any(state.live):
-            hyps = [Hypothesis(t, lp) for t, lp in zip(state.tokens, state.logprob)]
+            hyps = [Hypothesis(t, lp, eos) for t, lp, eos in zip(state.tokens, state.logprob, state.ended_by_eos)]
             order = sorted(range(len(hyps)), key=lambda i: -hyps[i].score) if len(hyps) > 1 else [0]
             first = order[0]
             reason = FinishReason.EOS if state.ended_by_eos[first] else \
@@ -276,7 +276,7 @@ class Scheduler:
             reason = FinishReason.EOS if best[0].finished_by_eos else \
                 FinishReason.RUNAWAY if guarded else FinishReason.LENGTH
             self._to_release.extend(state.rows)
-            self._finish(state, [Hypothesis(h.tokens, h.score) for h in best], reason, now)
+            self._finish(state, best, reason, now)
             return
         self.cache.reorder(state.rows, parents.tolist())
         for row, tok in zip(state.rows, tokens.tolist()):
@@ -295,7 +295,7 @@ class Scheduler:
         job = state.job
         self.running.remove(state)
         job.timing.finished = now
-        produced = sum(len(h.token_ids) for h in hyps[:1])
+        produced = sum(len(h.tokens) for h in hyps[:1])
         self.m.output_tokens.inc(produced)
         self.m.output_length.observe(produced)
         self.m.e2e.observe(now - job.timing.arrival)

@@ -177,10 +177,11 @@ class TranslatorService(pb_grpc.TranslatorServicer):
                 raise Unavailable("the server is shutting down")
             return await work()
         except ServiceError as e:
-            code = _call_over(context) or e.code
-            if code != e.code:  # nobody is listening: fail quietly, as a cancelled call does
+            status = grpc.StatusCode[e.code]
+            code = _call_over(context) or status
+            if code != status:  # nobody is listening: fail quietly, as a cancelled call does
                 raise asyncio.CancelledError() from None
-            code = await _abort(context, e.code, bounded(str(e)))
+            code = await _abort(context, status, bounded(str(e)))
             raise asyncio.CancelledError() from None
         except (asyncio.CancelledError, ExecuteBatchError):
             # The client cancelled, the deadline passed, or a write found the call gone.

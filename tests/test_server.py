@@ -147,7 +147,7 @@ def test_stream_interval_sends_chunks_that_still_add_up():
         model.scheduler.submit([job])
         assert done.wait(30)
         chunks = [len(e.token_ids) for e in events[:-1]]
-        n = len(events[-1].hypotheses[0].token_ids)
+        n = len(events[-1].hypotheses[0].tokens)
         assert sum(chunks) == n and chunks[0] == 1 and all(c == 4 for c in chunks[1:-1]) and 1 <= chunks[-1] <= 4
         # Through gRPC: the chunks still add up to the unary result, in about n/4 messages instead of n + 1
         # (fewer when a slow reader lets chunks pile up into one message).

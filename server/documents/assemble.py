@@ -61,16 +61,16 @@ def assemble(plan: Plan, events: list[FinishEvent], tok: SubwordTokenizer) -> Do
     hyps = []
     for k in range(n_hyp):
         chosen = [e.hypotheses[min(k, len(e.hypotheses) - 1)] for e in events]
-        text = plan.render([tok.decode(h.token_ids) for h in chosen])
+        text = plan.render([tok.decode(h.tokens) for h in chosen])
         hyps.append(DocumentHypothesis(text, sum(h.score for h in chosen),
-                                       [i for h in chosen for i in h.token_ids]))
+                                       [i for h in chosen for i in h.tokens]))
     return _result(hyps, events)
 
 
 def _result(hyps: list[DocumentHypothesis], events: list[FinishEvent]) -> DocumentResult:
     """The document's totals over its sentences' results (output tokens: the best hypotheses')."""
     return DocumentResult(hyps, merged_reason(events), sum(e.input_tokens for e in events),
-                          sum(len(e.hypotheses[0].token_ids) for e in events), merged_timing(events),
+                          sum(len(e.hypotheses[0].tokens) for e in events), merged_timing(events),
                           len(events))
 
 
@@ -103,7 +103,7 @@ class DocumentStream:
 
     def finished(self, i: int, event: FinishEvent) -> str:
         self.events[i] = event
-        self.ids[i] = list(event.hypotheses[0].token_ids)  # authoritative (beam sends tokens only at the end)
+        self.ids[i] = list(event.hypotheses[0].tokens)  # authoritative (beam sends tokens only at the end)
         return self._advance()
 
     def take_released(self) -> list[int]:

@@ -169,7 +169,7 @@ def decoded(results: Iterable) -> None:
     """Finished translations (FinishEvents) of the running call: their generated tokens."""
     call = _current.get()
     if call is not None:
-        call.output_tokens += sum(len(r.hypotheses[0].token_ids) for r in results)
+        call.output_tokens += sum(len(r.hypotheses[0].tokens) for r in results)
 
 
 def caller_key_id() -> str:

@@ -23,6 +23,10 @@ class RunawayGuard:
     length_ratio: float = 3.0  # output tokens beyond length_ratio * source tokens + length_slack
     length_slack: int = 16
 
+    def __post_init__(self) -> None:
+        # Per n-gram size, the back-to-back repeats that make a loop: asked for every row at every step.
+        object.__setattr__(self, "_repeats", tuple(self.repeats_needed(n) for n in range(1, self.max_ngram + 1)))
+
     def repeats_needed(self, n: int) -> int:
         return max(self.min_repeats, math.ceil(self.min_span / n))
 
@@ -36,8 +40,7 @@ class RunawayGuard:
         if size > self.length_ratio * source_len + self.length_slack:
             return True
         last = tokens[-1] if size > 0 else None
-        for n in range(1, self.max_ngram + 1):
-            k = self.repeats_needed(n)
+        for n, k in enumerate(self._repeats, 1):
             if size < n * k or tokens[-1 - n] != last:
                 continue
             end = len(tokens)

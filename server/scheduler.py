@@ -30,7 +30,7 @@ from server.choose import BEAM, SAMPLE, Choices, RowControls, make_rng
 from server.runaway import RunawayGuard
 
 
-@dataclass
+@dataclass(eq=False)  # identity: `running.remove(state)` must not compare every field of every state
 class Running:
     job: Job
     rows: list[Row]
@@ -44,11 +44,10 @@ class Running:
     unsent: list[int] = field(default_factory=list)  # streamed tokens held for the next TokenEvent
     step: int = 0
     plain: bool = False  # greedy, unscored, nothing forced: the engine's default choice, no controls to set
+    scored: bool = False  # track log-probabilities: asked for, or needed to rank several hypotheses
 
-    @property
-    def scored(self) -> bool:
-        """Track log-probabilities: asked for, or needed to rank several hypotheses."""
-        return self.job.scores or len(self.rows) > 1
+    def __post_init__(self) -> None:
+        self.scored = self.job.scores or len(self.rows) > 1
 
 
 @dataclass
@@ -200,12 +199,14 @@ class Scheduler:
         tokens, logprobs = choices.token.tolist(), choices.logprob.tolist()
         # Slots must not move while choices are read by slot: releases wait until the end.
         self._to_release: list[Row] = []
+        self._gaps: list[float] = []
         for state in list(self.running):
             if state.beam is not None:
                 self._beam_update(state, choices, now)
             else:
                 self._row_update(state, tokens, logprobs, now)
             state.step += 1
+        self.m.inter_token.observe_many(self._gaps)
         self.cache.release(self._to_release)
         self.m.running.set(len(self.running))
         self.m.kv_usage.set(self.cache.usage())
@@ -288,7 +289,7 @@ class Scheduler:
             t.first_token = now
             self.m.ttft.observe(now - t.arrival)
         else:
-            self.m.inter_token.observe(now - t.last_token)
+            self._gaps.append(now - t.last_token)  # observed once per step (metrics.BatchHistogram)
         t.last_token = now
 
     def _finish(self, state: Running, hyps: list[Hypothesis], reason: FinishReason, now: float) -> None:

@@ -84,7 +84,7 @@ def measure(bundle_path: Path, rows: int, steps: int, mode: str, threads: int) -
     update = Timed(sched.update)
     sched.update = update
     params = DecodingParams(beam_size=beam, temperature=1.0 if mode == "sampling" else 0.0, seed=1,
-                            max_output_tokens=360)
+                            max_output_tokens=min(360, model.max_output))
     texts = ["A man in a blue shirt is riding a bike down the street.", "Two dogs play in the snow."]
     jobs_per_fill = rows // max(beam, 1)
     produced = [0]

@@ -47,11 +47,19 @@ class RowControls:
     top_p: np.ndarray  # (B,) float64, sampling rows (1 = off)
     noise: np.ndarray  # (B,) float64 in [0, 1): the row's uniform draw, sampling rows
     beam: np.ndarray  # (B,) int64: K for beam rows
+    # Decoding controls (transformers' logits processors, in their order): repetition penalty, no
+    # repeated n-gram, no unknown token, no EOS before the minimum length.
+    penalty: np.ndarray  # (B,) float64, 1 = off
+    no_repeat: np.ndarray  # (B,) int64, 0 = off
+    ban_unk: np.ndarray  # (B,) bool
+    ban_eos: np.ndarray  # (B,) bool
+    history: dict  # slot -> the row's tokens so far (start and forced tokens included), rows that need it
 
     @classmethod
     def greedy(cls, b: int) -> "RowControls":
         return cls(np.full(b, GREEDY, np.int8), np.full(b, -1, np.int64), np.zeros(b, bool), np.ones(b),
-                   np.zeros(b, np.int64), np.ones(b), np.zeros(b), np.zeros(b, np.int64))
+                   np.zeros(b, np.int64), np.ones(b), np.zeros(b), np.zeros(b, np.int64), np.ones(b),
+                   np.zeros(b, np.int64), np.zeros(b, bool), np.zeros(b, bool), {})
 
 
 @dataclass
@@ -68,9 +76,21 @@ def _rows(x: np.ndarray, index: np.ndarray) -> np.ndarray:
     return x if len(index) == len(x) else x[index]
 
 
+def banned_ngrams(history: list[int], n: int) -> list[int]:
+    """Tokens that would complete an n-gram already in `history` (transformers' NoRepeatNGram rule:
+    nothing before the history is n - 1 tokens long)."""
+    length = len(history)
+    if length + 1 < n:
+        return []
+    prefix = history[length - n + 1:] if n > 1 else []
+    return [history[i + n - 1] for i in range(length - n + 1) if history[i:i + n - 1] == prefix]
+
+
 class TokenChooser:
-    def __init__(self, suppress_ids: tuple[int, ...] = (), renormalize: bool = False):
+    def __init__(self, suppress_ids: tuple[int, ...] = (), renormalize: bool = False, eos_id: int = 2,
+                 unk_id: Optional[int] = None):
         self.suppress = list(suppress_ids)
+        self.eos_id, self.unk_id = eos_id, unk_id
         # Beam log-probs after suppression: renormalised over what is left (Hugging Face's renormalize_logits),
         # or against the full vocabulary's normaliser (its processors applied after log_softmax).
         self.renormalize = renormalize
@@ -81,15 +101,29 @@ class TokenChooser:
         token = np.zeros(b, np.int64)
         logprob = np.zeros(b, np.float32)
         scored = np.flatnonzero(c.scored & (c.kind != BEAM))
-        # The normaliser of the unsuppressed vocabulary: log p reported for a token is what the model gave it.
-        lse = logsumexp(_rows(logits, scored)) if len(scored) else None
-        beam_rows = np.flatnonzero(c.kind == BEAM)
+        controlled = (c.penalty != 1.0) | (c.no_repeat > 0) | c.ban_unk | c.ban_eos
+        # The log p reported for a token is what the model gave it: the unsuppressed, unprocessed logits.
+        raw_scored = logits[scored] if len(scored) else None  # a copy (fancy indexing)
+        lse = logsumexp(raw_scored) if len(scored) else None
+        beam_rows = np.flatnonzero((c.kind == BEAM) & ~controlled)
         beam_norm = None
         if self.suppress and len(beam_rows) and not self.renormalize:
             full = _rows(logits, beam_rows)
             beam_norm = np.logaddexp(logsumexp(full), logsumexp(full[:, self.suppress]))
+        # Controlled beam rows: transformers applies its processors to log_softmax of the raw logits.
+        beam_ctl = np.flatnonzero((c.kind == BEAM) & controlled)
+        ctl_logp = logits[beam_ctl] - logsumexp(logits[beam_ctl])[:, None] if len(beam_ctl) else None
         if self.suppress:
             logits[:, self.suppress] = -np.inf
+            if ctl_logp is not None:
+                ctl_logp[:, self.suppress] = -np.inf
+        rows_ctl = np.flatnonzero(controlled & (c.kind != BEAM))
+        if len(rows_ctl):  # greedy and sampling rows: the processors act on the logits
+            logits[rows_ctl] = self._process(logits[rows_ctl], rows_ctl, c)
+        if ctl_logp is not None:
+            ctl_logp = self._process(ctl_logp, beam_ctl, c)
+            if self.renormalize:  # transformers' LogitNormalization, after every processor
+                ctl_logp = ctl_logp - logsumexp(ctl_logp)[:, None]
         greedy = np.flatnonzero(c.kind == GREEDY)
         if len(greedy):
             token[greedy] = _rows(logits, greedy).argmax(axis=-1)
@@ -99,13 +133,38 @@ class TokenChooser:
         forced = np.flatnonzero((c.forced >= 0) & (c.kind != BEAM))
         token[forced] = c.forced[forced]
         if len(scored):
-            logprob[scored] = logits[scored, token[scored]] - lse
-        width = 2 * int(c.beam[beam_rows].max()) if len(beam_rows) else 0
+            logprob[scored] = raw_scored[np.arange(len(scored)), token[scored]] - lse
+        all_beam = np.flatnonzero(c.kind == BEAM)
+        width = 2 * int(c.beam[all_beam].max()) if len(all_beam) else 0
         beam_ids = np.zeros((b, width), np.int64)
         beam_logp = np.full((b, width), -np.inf, np.float32)
         if len(beam_rows):
-            self._beam(logits, c, beam_rows, beam_norm, beam_ids, beam_logp)
+            x = _rows(logits, beam_rows)
+            # Renormalised, or nothing suppressed: the normaliser of what is left.
+            norm = beam_norm if beam_norm is not None else logsumexp(x)
+            self._beam(x, norm, c, beam_rows, beam_ids, beam_logp)
+        if len(beam_ctl):
+            self._beam(ctl_logp, np.zeros(len(beam_ctl), np.float32), c, beam_ctl, beam_ids, beam_logp)
         return Choices(token, logprob, beam_ids, beam_logp)
+
+    def _process(self, x: np.ndarray, rows: np.ndarray, c: RowControls) -> np.ndarray:
+        """The decoding controls on rows' scores (logits, or log-probabilities for beam search), in
+        transformers' order: repetition penalty, no repeated n-gram, bad words (unk), minimum length."""
+        for j, r in enumerate(rows.tolist()):
+            history = c.history.get(r, [])
+            if c.penalty[r] != 1.0 and history:
+                seen = np.unique(history)
+                v = x[j, seen]
+                x[j, seen] = np.where(v < 0, v * c.penalty[r], v / c.penalty[r])
+            if c.no_repeat[r] > 0:
+                banned = banned_ngrams(history, int(c.no_repeat[r]))
+                if banned:
+                    x[j, banned] = -np.inf
+            if c.ban_unk[r] and self.unk_id is not None:
+                x[j, self.unk_id] = -np.inf
+            if c.ban_eos[r]:
+                x[j, self.eos_id] = -np.inf
+        return x
 
     @staticmethod
     def _sample(logits: np.ndarray, c: RowControls, rows: np.ndarray) -> np.ndarray:
@@ -153,13 +212,11 @@ class TokenChooser:
                 drawn[i] = np.flatnonzero(probs[i, :drawn[i] + 1] > 0)[-1]
         return np.minimum(drawn, vocab - 1)
 
-    def _beam(self, logits: np.ndarray, c: RowControls, rows: np.ndarray, norm, ids: np.ndarray,
+    @staticmethod
+    def _beam(x: np.ndarray, norm: np.ndarray, c: RowControls, rows: np.ndarray, ids: np.ndarray,
               logp_out: np.ndarray) -> None:
-        """Each beam row's best 2K tokens and their log-probabilities: a partition of the row's logits
-        and its normaliser (the whole log_softmax is never formed)."""
-        x = _rows(logits, rows)
-        if norm is None:  # renormalised, or nothing suppressed: the normaliser of what is left
-            norm = logsumexp(x)
+        """Each beam row's best 2K tokens and their log-probabilities (x - norm): a partition of the
+        row's scores x, (len(rows), V) (the whole log_softmax is never formed)."""
         vocab = x.shape[1]
         forced = c.forced[rows]
         for k in np.unique(c.beam[rows]):

@@ -48,14 +48,14 @@ class HostedModel:
         generation = bundle.config.get("generation", {})
         rules = GenerationRules(spec.eos_id, spec.suppress_ids, bool(generation.get("force_eos_at_limit", False)),
                                 bool(generation.get("renormalize", False)),
-                                bool(generation.get("early_stopping", True)))
+                                bool(generation.get("early_stopping", True)), spec.bos_id)
         self.scheduler = Scheduler(self.name, self.cache, metrics, spec.eos_id,
                                    max_queue=cfg.max_queue_size, max_encode_tokens=cfg.max_batch_tokens,
                                    max_encode_batch=cfg.max_batch_size, stream_interval=cfg.stream_interval,
                                    rules=rules, guard=RunawayGuard(cfg.runaway_guard, min_span=cfg.runaway_min_span,
                                                                    length_ratio=cfg.runaway_length_ratio))
         self.engine = Engine(self.name, self.runtime, self.cache, metrics, cfg.max_encode_padding,
-                             TokenChooser(rules.suppress_ids, rules.renormalize))
+                             TokenChooser(rules.suppress_ids, rules.renormalize, spec.eos_id, spec.unk_id))
         self.loop = EngineLoop(self.scheduler, self.engine, cfg.max_queue_delay_ms / 1000.0)
         for gauge in (metrics.running, metrics.waiting, metrics.kv_usage):
             gauge.labels(self.name).set(0)
@@ -163,6 +163,16 @@ class HostedModel:
                 problems.append(f"{name} {value} must be a finite number in [{lo:g}, {hi:g}]")
         if p.top_k < 0:
             problems.append(f"top_k {p.top_k} must be >= 0")
+        if not 0.0 < p.repetition_penalty <= 10.0:
+            problems.append(f"repetition_penalty {p.repetition_penalty} must be a finite number in (0, 10]")
+        if not 0 <= p.no_repeat_ngram_size <= 10:
+            problems.append(f"no_repeat_ngram_size {p.no_repeat_ngram_size} must be in [0, 10]")
+        budget = p.max_output_tokens or self.max_output
+        if not 0 <= p.min_output_tokens <= budget:
+            problems.append(f"min_output_tokens {p.min_output_tokens} must be in [0, {budget}] "
+                            "(max_output_tokens, or the model's limit)")
+        if p.no_unknown_token and self.bundle.spec.unk_id is None:
+            problems.append(f"no_unknown_token: model {self.name} names no unknown token")
         if p.max_output_tokens > self.max_output:
             problems.append(f"max_output_tokens {p.max_output_tokens} exceeds the limit {self.max_output}")
         if problems:

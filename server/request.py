@@ -37,6 +37,17 @@ class DecodingParams:
     seed: Optional[int] = None
     max_output_tokens: int = 0  # 0 = model limit
     num_hypotheses: int = 1
+    # Decoding controls (server/choose.py applies them where the token is chosen)
+    repetition_penalty: float = 1.0  # 1 = off
+    no_repeat_ngram_size: int = 0  # 0 = off
+    min_output_tokens: int = 0  # EOS banned before this many output tokens
+    no_unknown_token: bool = False
+
+    @property
+    def controlled(self) -> bool:
+        """Any control that needs the row's history or a ban at choice time."""
+        return (self.repetition_penalty != 1.0 or self.no_repeat_ngram_size > 0 or self.min_output_tokens > 0
+                or self.no_unknown_token)
 
     @property
     def sampling(self) -> bool:
@@ -60,6 +71,7 @@ class GenerationRules:
     # Beam search ends with K finished hypotheses (True), or goes on while a live beam could still
     # beat them (False: Hugging Face's default, kept by imported models; see models/core/beam.py).
     early_stopping: bool = True
+    start_id: int = 1  # the decoder's first input (BOS, or the model's decoder start token): part of the history
 
 
 @dataclass

@@ -154,7 +154,7 @@ class Scheduler:
             state.tokens, state.logprob = [[] for _ in range(n)], [0.0] * n
             state.live, state.ended_by_eos, state.guarded = [True] * n, [False] * n, [False] * n
             state.rngs = [make_rng(p.seed, i) if p.sampling else None for i in range(n)]
-        state.plain = state.beam is None and not (p.sampling or state.scored or job.forced
+        state.plain = state.beam is None and not (p.sampling or state.scored or job.forced or p.controlled
                                                    or self.rules.force_eos_at_limit)
         self.running.append(state)
         self.m.input_tokens.inc(len(job.src_ids))
@@ -177,6 +177,9 @@ class Scheduler:
                     c.forced[slots] = job.forced[state.step]
                 elif force_eos and state.step == job.max_len - 1 + n_forced:
                     c.forced[slots] = self.eos_id
+                if p.controlled:
+                    self._control(c, slots, p, state.step - n_forced,
+                                  [[self.rules.start_id, *h] for h in state.beam.history])
                 continue
             for i, live in enumerate(state.live):
                 if not live:
@@ -186,6 +189,9 @@ class Scheduler:
                     c.forced[slot] = job.forced[state.step]
                     continue
                 c.scored[slot] = state.scored
+                if p.controlled:
+                    self._control(c, [slot], p, len(state.tokens[i]),
+                                  [[self.rules.start_id, *job.forced, *state.tokens[i]]])
                 if force_eos and len(state.tokens[i]) == job.max_len - 1:
                     c.forced[slot] = self.eos_id
                 elif p.sampling:
@@ -193,6 +199,15 @@ class Scheduler:
                         SAMPLE, p.temperature, p.top_k, p.top_p
                     c.noise[slot] = state.rngs[i].random()  # one draw per row and step: batch-invariant
         return c
+
+    @staticmethod
+    def _control(c: RowControls, slots: list[int], p, produced: int, histories: list[list[int]]) -> None:
+        """A request's decoding controls for its rows: `produced` output tokens so far (forced ones
+        excluded), each row's history as transformers sees it (start token, forced tokens, output)."""
+        c.penalty[slots], c.no_repeat[slots] = p.repetition_penalty, p.no_repeat_ngram_size
+        c.ban_unk[slots], c.ban_eos[slots] = p.no_unknown_token, produced < p.min_output_tokens
+        if p.repetition_penalty != 1.0 or p.no_repeat_ngram_size:
+            c.history.update(zip(slots, histories))
 
     def update(self, choices: Choices, now: float) -> None:
         """The engine's choices for the rows in slot order, from one decode step."""

@@ -57,7 +57,12 @@ def decoding_params(o: pb.DecodingOptions) -> DecodingParams:
         # 0 is proto3's "unset" for top_p; any other value, negative and NaN included, is checked as sent.
         temperature=o.temperature, top_k=o.top_k, top_p=o.top_p if o.top_p != 0 else 1.0,
         seed=o.seed if o.HasField("seed") else None,
-        max_output_tokens=o.max_output_tokens, num_hypotheses=max(o.num_hypotheses, 1))
+        max_output_tokens=o.max_output_tokens, num_hypotheses=max(o.num_hypotheses, 1),
+        # 0 is proto3's "unset" for the penalty: off, like 1.
+        repetition_penalty=o.repetition_penalty if o.HasField("repetition_penalty") and o.repetition_penalty != 0
+        else 1.0,
+        no_repeat_ngram_size=o.no_repeat_ngram_size, min_output_tokens=o.min_output_tokens,
+        no_unknown_token=o.no_unknown_token)
 
 
 def deadline_of(context) -> Optional[float]:

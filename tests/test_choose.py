@@ -53,7 +53,7 @@ def full_vocab_beam(logp, scores, k):
     return [(float(cand[i]), *divmod(int(i), logp.shape[1])) for i in top if cand[i] > -np.inf]
 
 
-def mixed_batch(rng, b):
+def mixed_batch(rng, b, controls=False):
     logits = (rng.standard_normal((b, V)) * rng.uniform(0.5, 4.0, (b, 1))).astype(np.float32)
     c = RowControls.greedy(b)
     for i in range(b):
@@ -68,6 +68,10 @@ def mixed_batch(rng, b):
             c.beam[i] = rng.choice([2, 4])
         if rng.random() < 0.1:
             c.forced[i] = rng.integers(0, V)
+        if controls and rng.random() < 0.4:  # decoding controls (checked against transformers elsewhere)
+            c.penalty[i], c.no_repeat[i] = rng.choice([1.0, 1.5, 0.7]), rng.choice([0, 1, 2, 3])
+            c.ban_unk[i], c.ban_eos[i] = rng.random() < 0.5, rng.random() < 0.5
+            c.history[i] = [int(t) for t in rng.integers(0, 20, rng.integers(0, 12))]
     return logits, c
 
 
@@ -132,6 +136,23 @@ def test_beam_candidates_rank_as_the_full_vocabulary_did(suppress, renormalize):
         assert np.allclose([s for s, _, _ in got], [s for s, _, _ in want], atol=1e-5)
 
 
+def test_controls_ban_and_penalise_what_they_name():
+    from server.choose import banned_ngrams
+    assert banned_ngrams([5, 6, 7, 5, 6], 3) == [7] and banned_ngrams([5, 6, 5], 2) == [6]
+    assert banned_ngrams([5, 6], 4) == [] and sorted(banned_ngrams([4, 5, 4], 1)) == [4, 4, 5]
+    logits = np.zeros((2, V), np.float32)
+    logits[:, 10], logits[:, 11], logits[:, 2], logits[:, 3] = 4.0, -1.0, 9.0, 8.0
+    c = RowControls.greedy(2)
+    c.penalty[0], c.history[0] = 2.0, [1, 10, 11]
+    c.ban_eos[:], c.ban_unk[:] = True, True
+    out = TokenChooser(eos_id=2, unk_id=3).choose(logits.copy(), c)
+    assert out.token.tolist() == [10, 10]  # EOS and unk banned; row 0's 10 halved (2.0) still beats 0
+    c.penalty[0] = 5.0  # 4.0 / 5 = 0.8 still beats the zeros; 11 (negative) is pushed further down
+    processed = TokenChooser(eos_id=2, unk_id=3)._process(logits[:1].copy(), np.array([0]), c)
+    assert processed[0, 10] == pytest.approx(0.8) and processed[0, 11] == pytest.approx(-5.0)
+    assert np.isneginf(processed[0, [2, 3]]).all()
+
+
 def test_a_forced_beam_step_has_one_continuation():
     c = RowControls.greedy(3)
     c.kind[:], c.beam[:], c.forced[:] = BEAM, 3, 42
@@ -142,11 +163,12 @@ def test_a_forced_beam_step_has_one_continuation():
 
 def test_a_row_chooses_the_same_alone_and_in_any_batch():
     rng = np.random.default_rng(3)
-    logits, c = mixed_batch(rng, 16)
-    together = TokenChooser((0,)).choose(logits.copy(), c)
+    logits, c = mixed_batch(rng, 32, controls=True)
+    together = TokenChooser((0,), eos_id=2, unk_id=3).choose(logits.copy(), c)
     for i in range(16):
-        one = RowControls(*(getattr(c, f)[i:i + 1] for f in RowControls.__dataclass_fields__))
-        alone = TokenChooser((0,)).choose(logits[i:i + 1].copy(), one)
+        one = RowControls(*(getattr(c, f)[i:i + 1] if f != "history" else {0: c.history[i]} if i in c.history
+                            else {} for f in RowControls.__dataclass_fields__))
+        alone = TokenChooser((0,), eos_id=2, unk_id=3).choose(logits[i:i + 1].copy(), one)
         assert alone.token[0] == together.token[i] and alone.logprob[0] == together.logprob[i]
         if c.kind[i] == BEAM:
             w = 2 * int(c.beam[i])

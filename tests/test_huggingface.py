@@ -130,7 +130,7 @@ def test_logits_equal_transformers_on_a_padded_ragged_batch(hf_dirs, reference):
         assert problems == [] and diff <= 1e-4, (name, diff)
 
 
-def _generate(reference, name: str, texts: list[str], lang: str, beams: int) -> list[list[int]]:
+def _generate(reference, name: str, texts: list[str], lang: str, beams: int, **controls) -> list[list[int]]:
     """model.generate as its users call it; the outputs stripped to the translation's token ids."""
     tok, model = reference[name]
     if name in ("marian", "sep"):
@@ -144,7 +144,7 @@ def _generate(reference, name: str, texts: list[str], lang: str, beams: int) -> 
             f"__{lang}__" if name == "m2m" else lang)}, 2
     with torch.no_grad():
         # The checkpoint's own generation config otherwise (early_stopping False, bad words, forced EOS...).
-        out = model.generate(**batch, num_beams=beams, length_penalty=1.0, do_sample=False, **kwargs)
+        out = model.generate(**batch, num_beams=beams, length_penalty=1.0, do_sample=False, **kwargs, **controls)
     eos = model.config.eos_token_id
     rows = []
     for seq in out.tolist():
@@ -186,6 +186,54 @@ def test_server_output_equals_generate_greedy_and_beam_in_a_shared_batch(repo, r
                 side.join(60)
             assert srv.metric("nmt_decode_batch_size_sum", model="m2m") > \
                 srv.metric("nmt_decode_batch_size_count", model="m2m")  # rows did share steps
+    finally:
+        srv.stop()
+
+
+# Decoding controls as the server takes them, and as transformers' generate takes them.
+CONTROLS = [dict(repetition_penalty=1.4, no_repeat_ngram_size=2), dict(min_output_tokens=8, no_unknown_token=True),
+            dict(repetition_penalty=0.8, no_repeat_ngram_size=3, min_output_tokens=4, no_unknown_token=True)]
+
+
+def _hf_controls(reference, name: str, ours: dict) -> dict:
+    """Our options -> generate's: min_new_tokens counts a forced language token (M2M100/NLLB), and
+    bad_words_ids replaces the checkpoint's own list (Marian's pad), so it carries it too."""
+    _, model = reference[name]
+    out = {k: ours[k] for k in ("repetition_penalty", "no_repeat_ngram_size") if k in ours}
+    if "min_output_tokens" in ours:
+        out["min_new_tokens"] = ours["min_output_tokens"] + (name in ("m2m", "nllb"))
+    if ours.get("no_unknown_token"):
+        out["bad_words_ids"] = list(model.generation_config.bad_words_ids or []) + [[reference[name][0].unk_token_id]]
+    return out
+
+
+def test_decoding_controls_equal_generate_in_a_shared_batch(repo, reference):
+    """Repetition penalty, no repeated n-grams, a minimum length and no unknown token: the server's
+    tokens = transformers' generate with the same settings, greedy and beam 4, every sentence, while
+    requests with the other settings (and none) share the engine's steps."""
+    import concurrent.futures as cf
+
+    from client import TranslatorClient
+    texts = hf_models.test_sentences(24)
+    srv = ServerThread(model_repository=str(repo), default_model="marian", warmup=False, runaway_guard=False).start()
+    try:
+        with TranslatorClient(srv.target, timeout=300, retries=0) as client:
+            for name, lang in (("marian", "xx"), ("m2m", "de"), ("nllb", "deu_Latn")):
+                for beams in (1, 4):
+                    def call(opts):
+                        r = client.translate(texts, model=name, target_language=lang, return_tokens=True,
+                                             beam_size=beams, max_output_tokens=MAX_NEW, **opts)
+                        return [list(t.hypotheses[0].token_ids) for t in r.translations]
+                    with cf.ThreadPoolExecutor(len(CONTROLS) + 1) as pool:  # every setting at once
+                        got = list(pool.map(call, CONTROLS + [{}]))
+                    # each setting changes some outputs (else this would prove nothing about it)
+                    assert all(g != got[-1] for g in got[:-1]), (name, beams)
+                    for opts, ours_ids in zip(CONTROLS + [{}], got):
+                        want = _generate(reference, name, texts, lang, beams, **_hf_controls(reference, name, opts))
+                        diff = [(t, a, b) for t, a, b in zip(texts, ours_ids, want) if a != b]
+                        assert not diff, (name, beams, opts, len(diff), diff[0])
+            assert srv.metric("nmt_decode_batch_size_sum", model="marian") > \
+                srv.metric("nmt_decode_batch_size_count", model="marian")  # rows did share steps
     finally:
         srv.stop()
 

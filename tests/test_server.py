@@ -213,6 +213,10 @@ def test_bad_input_gets_clear_errors_and_server_keeps_serving(server, client):
         (lambda: client.translate(["a"], top_p=1.5, temperature=1.0), INVALID, "top_p 1.5"),
         (lambda: client.translate(["a"], max_output_tokens=10_000), INVALID, "max_output_tokens"),
         (lambda: client.translate(["a"], num_hypotheses=3), INVALID, "num_hypotheses 3"),
+        (lambda: client.translate(["a"], repetition_penalty=-1.0), INVALID, "repetition_penalty -1.0 must be a finite number in (0, 10]"),
+        (lambda: client.translate(["a"], repetition_penalty=float("nan")), INVALID, "repetition_penalty nan"),
+        (lambda: client.translate(["a"], no_repeat_ngram_size=11), INVALID, "no_repeat_ngram_size 11 must be in [0, 10]"),
+        (lambda: client.translate(["a"], max_output_tokens=5, min_output_tokens=6), INVALID, "min_output_tokens 6 must be in [0, 5]"),
         (lambda: list(client.translate_stream("")), INVALID, "texts is empty"),
         (lambda: list(client.translate_stream("a", beam_size=3, num_hypotheses=2)), INVALID, "streaming"),
         (lambda: client.embed([]), INVALID, "texts is empty"),
@@ -222,7 +226,7 @@ def test_bad_input_gets_clear_errors_and_server_keeps_serving(server, client):
     for call, code, words in cases:
         got, details = code_of(call)
         assert got == code and words in details, (got, details)
-    assert server.settled_metric("nmt_requests_total", before + 9, rpc="Translate", code="INVALID_ARGUMENT") == before + 9
+    assert server.settled_metric("nmt_requests_total", before + 13, rpc="Translate", code="INVALID_ARGUMENT") == before + 13
     server.wait_idle()
     assert client.translate(["A man is riding a bike."]).translations[0].hypotheses[0].text
 

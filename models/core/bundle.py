@@ -52,6 +52,7 @@ class ModelSpec(Dimensions):
     max_positions: int
     tgt_vocab_size: Optional[int] = None
     suppress_ids: tuple[int, ...] = ()
+    unk_id: Optional[int] = None
 
 
 @dataclass(frozen=True)

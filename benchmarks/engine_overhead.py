@@ -69,6 +69,8 @@ def measure(bundle_path: Path, rows: int, steps: int, mode: str, threads: int) -
     from server.request import DecodingParams
 
     beam = int(mode[4:]) if mode.startswith("beam") else 1
+    # "controls": greedy with a repetition penalty and no repeated 3-grams on every request (issue 27's check)
+    controls = dict(repetition_penalty=1.2, no_repeat_ngram_size=3) if mode == "controls" else {}
     cfg = ServerConfig(max_batch_size=rows, max_queue_size=4 * rows, runaway_guard=False, warmup=False,
                        intra_op_threads=threads, max_output_tokens=400)
     model = HostedModel(load_bundle(bundle_path), cfg, Metrics())
@@ -84,7 +86,7 @@ def measure(bundle_path: Path, rows: int, steps: int, mode: str, threads: int) -
     update = Timed(sched.update)
     sched.update = update
     params = DecodingParams(beam_size=beam, temperature=1.0 if mode == "sampling" else 0.0, seed=1,
-                            max_output_tokens=min(360, model.max_output))
+                            max_output_tokens=min(360, model.max_output), **controls)
     texts = ["A man in a blue shirt is riding a bike down the street.", "Two dogs play in the snow."]
     jobs_per_fill = rows // max(beam, 1)
     produced = [0]
@@ -136,7 +138,8 @@ def main(argv=None) -> int:
     p.add_argument("--tiny", action="store_true", help="a random tiny-preset export instead of --model")
     p.add_argument("--rows", type=lambda s: [int(x) for x in s.split(",")], default=[64, 256])
     p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--mode", type=lambda s: s.split(","), default=["greedy", "sampling", "beam4"])
+    p.add_argument("--mode", type=lambda s: s.split(","), default=["greedy", "sampling", "beam4"],
+                   help="greedy, sampling, beamK, controls (greedy + repetition penalty + no repeated 3-grams)")
     p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = default)")
     p.add_argument("--out", default="", help="append a markdown table here")
     args = p.parse_args(argv)

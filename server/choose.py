@@ -17,6 +17,7 @@ tokens as before, alone or in any batch; the row's uniform draw is an input (`no
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -53,13 +54,14 @@ class RowControls:
     no_repeat: np.ndarray  # (B,) int64, 0 = off
     ban_unk: np.ndarray  # (B,) bool
     ban_eos: np.ndarray  # (B,) bool
-    history: dict  # slot -> the row's tokens so far (start and forced tokens included), rows that need it
+    seen: dict  # slot -> the distinct tokens of the row's history (repetition penalty)
+    banned: dict  # slot -> tokens that would repeat an n-gram of the row's history
 
     @classmethod
     def greedy(cls, b: int) -> "RowControls":
         return cls(np.full(b, GREEDY, np.int8), np.full(b, -1, np.int64), np.zeros(b, bool), np.ones(b),
                    np.zeros(b, np.int64), np.ones(b), np.zeros(b), np.zeros(b, np.int64), np.ones(b),
-                   np.zeros(b, np.int64), np.zeros(b, bool), np.zeros(b, bool), {})
+                   np.zeros(b, np.int64), np.zeros(b, bool), np.zeros(b, bool), {}, {})
 
 
 @dataclass
@@ -70,20 +72,50 @@ class Choices:
     beam_logp: np.ndarray  # (B, C) float32: their log-probabilities (-inf past a row's own 2K)
 
 
+def _pairs(per_row: list[tuple[int, list[int]]]) -> tuple[np.ndarray, np.ndarray]:
+    """[(row, tokens)] -> (row index, token index) arrays for one fancy-indexed gather or scatter."""
+    lengths = [len(t) for _, t in per_row]
+    at = np.repeat(np.array([j for j, _ in per_row], np.int64), lengths)
+    cols = np.fromiter(itertools.chain.from_iterable(t for _, t in per_row), np.int64, sum(lengths))
+    return at, cols
+
+
 def _rows(x: np.ndarray, index: np.ndarray) -> np.ndarray:
     """x[index], without the copy when the index is every row in order (the common case: one kind
     of request; a copy of 256 x 58k logits would cost more than the choice)."""
     return x if len(index) == len(x) else x[index]
 
 
-def banned_ngrams(history: list[int], n: int) -> list[int]:
-    """Tokens that would complete an n-gram already in `history` (transformers' NoRepeatNGram rule:
-    nothing before the history is n - 1 tokens long)."""
-    length = len(history)
-    if length + 1 < n:
-        return []
-    prefix = history[length - n + 1:] if n > 1 else []
-    return [history[i + n - 1] for i in range(length - n + 1) if history[i:i + n - 1] == prefix]
+class RowHistory:
+    """A row's history as the controls need it, kept as it grows (O(1) per token): its distinct
+    tokens (repetition penalty) and, per (n - 1)-token prefix, the tokens that followed it (no
+    repeated n-gram), so a step never rescans the whole output. The ban is transformers'
+    NoRepeatNGram rule: tokens that would complete an n-gram already in the history, nothing
+    before the history is n - 1 tokens long."""
+
+    def __init__(self, tokens: list[int], n: int):
+        self.tokens: list[int] = []
+        self.seen: set[int] = set()
+        self.distinct: list[int] = []  # the seen tokens, in order (read by the step, never copied)
+        self.n = n
+        self.follows: dict[tuple, list[int]] = {}
+        for t in tokens:
+            self.append(t)
+
+    def append(self, token: int) -> None:
+        self.tokens.append(token)
+        if token not in self.seen:
+            self.seen.add(token)
+            self.distinct.append(token)
+        n = self.n
+        if n and len(self.tokens) >= n:
+            self.follows.setdefault(tuple(self.tokens[len(self.tokens) - n:-1]), []).append(token)
+
+    def banned(self) -> list[int]:
+        n, length = self.n, len(self.tokens)
+        if not n or length + 1 < n:
+            return []
+        return self.follows.get(tuple(self.tokens[length - n + 1:]) if n > 1 else (), [])
 
 
 class TokenChooser:
@@ -150,20 +182,23 @@ class TokenChooser:
     def _process(self, x: np.ndarray, rows: np.ndarray, c: RowControls) -> np.ndarray:
         """The decoding controls on rows' scores (logits, or log-probabilities for beam search), in
         transformers' order: repetition penalty, no repeated n-gram, bad words (unk), minimum length."""
-        for j, r in enumerate(rows.tolist()):
-            history = c.history.get(r, [])
-            if c.penalty[r] != 1.0 and history:
-                seen = np.unique(history)
-                v = x[j, seen]
-                x[j, seen] = np.where(v < 0, v * c.penalty[r], v / c.penalty[r])
-            if c.no_repeat[r] > 0:
-                banned = banned_ngrams(history, int(c.no_repeat[r]))
-                if banned:
-                    x[j, banned] = -np.inf
-            if c.ban_unk[r] and self.unk_id is not None:
-                x[j, self.unk_id] = -np.inf
-            if c.ban_eos[r]:
-                x[j, self.eos_id] = -np.inf
+        # One gather/scatter over every (row, token) pair, not one per row; rows picked with masks
+        # (a numpy scalar read per row costs more than the arithmetic).
+        idx = np.arange(len(rows))
+        pen_at = idx[c.penalty[rows] != 1.0]
+        pen = [(j, seen) for j, seen in zip(pen_at.tolist(), map(c.seen.get, rows[pen_at].tolist())) if seen]
+        if pen:
+            at, cols = _pairs(pen)
+            factor = np.repeat(c.penalty[rows[[j for j, _ in pen]]], [len(t) for _, t in pen])
+            v = x[at, cols]
+            x[at, cols] = np.where(v < 0, v * factor, v / factor)
+        ban_at = idx[c.no_repeat[rows] > 0]
+        ban = [(j, b) for j, b in zip(ban_at.tolist(), map(c.banned.get, rows[ban_at].tolist())) if b]
+        if ban:
+            x[_pairs(ban)] = -np.inf
+        if self.unk_id is not None:
+            x[np.flatnonzero(c.ban_unk[rows]), self.unk_id] = -np.inf
+        x[np.flatnonzero(c.ban_eos[rows]), self.eos_id] = -np.inf
         return x
 
     @staticmethod

@@ -26,7 +26,7 @@ from models.core.kv_cache import Row, SlotCache
 from server.errors import Cancelled, DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable
 from server.metrics import Metrics
 from server.request import EmbedJob, ErrorEvent, FinishEvent, FinishReason, GenerationRules, Hypothesis, Job, TokenEvent
-from server.choose import BEAM, SAMPLE, Choices, RowControls, make_rng
+from server.choose import BEAM, SAMPLE, Choices, RowControls, RowHistory, make_rng
 from server.runaway import RunawayGuard
 
 
@@ -44,6 +44,7 @@ class Running:
     unsent: list[int] = field(default_factory=list)  # streamed tokens held for the next TokenEvent
     step: int = 0
     plain: bool = False  # greedy, unscored, nothing forced: the engine's default choice, no controls to set
+    histories: list = field(default_factory=list)  # per hypothesis, non-beam rows with a penalty / n-gram ban
     scored: bool = False  # track log-probabilities: asked for, or needed to rank several hypotheses
 
     def __post_init__(self) -> None:
@@ -154,6 +155,9 @@ class Scheduler:
             state.tokens, state.logprob = [[] for _ in range(n)], [0.0] * n
             state.live, state.ended_by_eos, state.guarded = [True] * n, [False] * n, [False] * n
             state.rngs = [make_rng(p.seed, i) if p.sampling else None for i in range(n)]
+            if p.repetition_penalty != 1.0 or p.no_repeat_ngram_size:
+                state.histories = [RowHistory([self.rules.start_id, *job.forced], p.no_repeat_ngram_size)
+                                   for _ in range(n)]
         state.plain = state.beam is None and not (p.sampling or state.scored or job.forced or p.controlled
                                                    or self.rules.force_eos_at_limit)
         self.running.append(state)
@@ -165,6 +169,7 @@ class Scheduler:
         and the row's draw, a forced token, whether its log-probability is read). No logits here."""
         c = RowControls.greedy(self.cache.used)
         force_eos = self.rules.force_eos_at_limit
+        ctl: list[tuple] = []  # (slot, penalty, n-gram size, no unk, no EOS yet): set in one pass at the end
         for state in self.running:
             if state.plain:
                 continue
@@ -177,9 +182,11 @@ class Scheduler:
                     c.forced[slots] = job.forced[state.step]
                 elif force_eos and state.step == job.max_len - 1 + n_forced:
                     c.forced[slots] = self.eos_id
-                if p.controlled:
-                    self._control(c, slots, p, state.step - n_forced,
-                                  [[self.rules.start_id, *h] for h in state.beam.history])
+                if p.controlled:  # beams reorder every step: their histories are read whole
+                    needs_history = p.repetition_penalty != 1.0 or p.no_repeat_ngram_size
+                    self._control(c, ctl, slots, p, state.step - n_forced,
+                                  [RowHistory([self.rules.start_id, *h], p.no_repeat_ngram_size)
+                                   for h in state.beam.history] if needs_history else [])
                 continue
             for i, live in enumerate(state.live):
                 if not live:
@@ -190,24 +197,31 @@ class Scheduler:
                     continue
                 c.scored[slot] = state.scored
                 if p.controlled:
-                    self._control(c, [slot], p, len(state.tokens[i]),
-                                  [[self.rules.start_id, *job.forced, *state.tokens[i]]])
+                    self._control(c, ctl, [slot], p, len(state.tokens[i]), state.histories[i:i + 1])
                 if force_eos and len(state.tokens[i]) == job.max_len - 1:
                     c.forced[slot] = self.eos_id
                 elif p.sampling:
                     c.kind[slot], c.temperature[slot], c.top_k[slot], c.top_p[slot] = \
                         SAMPLE, p.temperature, p.top_k, p.top_p
                     c.noise[slot] = state.rngs[i].random()  # one draw per row and step: batch-invariant
+        if ctl:
+            slots, penalty, ngram, unk, eos = zip(*ctl)
+            slots = list(slots)
+            c.penalty[slots], c.no_repeat[slots], c.ban_unk[slots], c.ban_eos[slots] = penalty, ngram, unk, eos
         return c
 
     @staticmethod
-    def _control(c: RowControls, slots: list[int], p, produced: int, histories: list[list[int]]) -> None:
+    def _control(c: RowControls, ctl: list[tuple], slots: list[int], p, produced: int,
+                 histories: list[RowHistory]) -> None:
         """A request's decoding controls for its rows: `produced` output tokens so far (forced ones
         excluded), each row's history as transformers sees it (start token, forced tokens, output)."""
-        c.penalty[slots], c.no_repeat[slots] = p.repetition_penalty, p.no_repeat_ngram_size
-        c.ban_unk[slots], c.ban_eos[slots] = p.no_unknown_token, produced < p.min_output_tokens
-        if p.repetition_penalty != 1.0 or p.no_repeat_ngram_size:
-            c.history.update(zip(slots, histories))
+        row = (p.repetition_penalty, p.no_repeat_ngram_size, p.no_unknown_token, produced < p.min_output_tokens)
+        ctl.extend((slot, *row) for slot in slots)
+        for slot, h in zip(slots, histories):
+            if p.repetition_penalty != 1.0:
+                c.seen[slot] = h.distinct
+            if p.no_repeat_ngram_size:
+                c.banned[slot] = h.banned()
 
     def update(self, choices: Choices, now: float) -> None:
         """The engine's choices for the rows in slot order, from one decode step."""
@@ -243,6 +257,8 @@ class Scheduler:
                 state.live[i], state.ended_by_eos[i] = False, True
             else:
                 state.tokens[i].append(tok)
+                if state.histories:
+                    state.histories[i].append(tok)
                 row.token = tok
                 if i == 0 and job.stream:
                     state.unsent.append(tok)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from models.core.beam import BeamState, log_softmax, logsumexp
-from server.choose import BEAM, GREEDY, SAMPLE, RowControls, TokenChooser
+from server.choose import BEAM, GREEDY, SAMPLE, RowControls, RowHistory, TokenChooser
 
 V = 300
 
@@ -53,6 +53,15 @@ def full_vocab_beam(logp, scores, k):
     return [(float(cand[i]), *divmod(int(i), logp.shape[1])) for i in top if cand[i] > -np.inf]
 
 
+def banned_ngrams(history, n):
+    """transformers' NoRepeatNGramLogitsProcessor for one row, by rescanning the whole history."""
+    length = len(history)
+    if length + 1 < n:
+        return []
+    prefix = history[length - n + 1:] if n > 1 else []
+    return [history[i + n - 1] for i in range(length - n + 1) if history[i:i + n - 1] == prefix]
+
+
 def mixed_batch(rng, b, controls=False):
     logits = (rng.standard_normal((b, V)) * rng.uniform(0.5, 4.0, (b, 1))).astype(np.float32)
     c = RowControls.greedy(b)
@@ -71,7 +80,8 @@ def mixed_batch(rng, b, controls=False):
         if controls and rng.random() < 0.4:  # decoding controls (checked against transformers elsewhere)
             c.penalty[i], c.no_repeat[i] = rng.choice([1.0, 1.5, 0.7]), rng.choice([0, 1, 2, 3])
             c.ban_unk[i], c.ban_eos[i] = rng.random() < 0.5, rng.random() < 0.5
-            c.history[i] = [int(t) for t in rng.integers(0, 20, rng.integers(0, 12))]
+            history = RowHistory([int(t) for t in rng.integers(0, 20, rng.integers(0, 12))], int(c.no_repeat[i]))
+            c.seen[i], c.banned[i] = history.distinct, history.banned()
     return logits, c
 
 
@@ -137,13 +147,12 @@ def test_beam_candidates_rank_as_the_full_vocabulary_did(suppress, renormalize):
 
 
 def test_controls_ban_and_penalise_what_they_name():
-    from server.choose import banned_ngrams
     assert banned_ngrams([5, 6, 7, 5, 6], 3) == [7] and banned_ngrams([5, 6, 5], 2) == [6]
     assert banned_ngrams([5, 6], 4) == [] and sorted(banned_ngrams([4, 5, 4], 1)) == [4, 4, 5]
     logits = np.zeros((2, V), np.float32)
     logits[:, 10], logits[:, 11], logits[:, 2], logits[:, 3] = 4.0, -1.0, 9.0, 8.0
     c = RowControls.greedy(2)
-    c.penalty[0], c.history[0] = 2.0, [1, 10, 11]
+    c.penalty[0], c.seen[0] = 2.0, [1, 10, 11]
     c.ban_eos[:], c.ban_unk[:] = True, True
     out = TokenChooser(eos_id=2, unk_id=3).choose(logits.copy(), c)
     assert out.token.tolist() == [10, 10]  # EOS and unk banned; row 0's 10 halved (2.0) still beats 0
@@ -151,6 +160,17 @@ def test_controls_ban_and_penalise_what_they_name():
     processed = TokenChooser(eos_id=2, unk_id=3)._process(logits[:1].copy(), np.array([0]), c)
     assert processed[0, 10] == pytest.approx(0.8) and processed[0, 11] == pytest.approx(-5.0)
     assert np.isneginf(processed[0, [2, 3]]).all()
+
+
+def test_row_history_bans_what_a_rescan_of_the_history_bans():
+    rng = np.random.default_rng(5)
+    for n in range(0, 5):
+        tokens = [int(t) for t in rng.integers(0, 4, 40)]  # a small alphabet: many repeated n-grams
+        h = RowHistory(tokens[:3], n)
+        for k in range(3, 40):
+            assert sorted(h.banned()) == sorted(banned_ngrams(h.tokens, n) if n else [])
+            assert h.distinct == list(dict.fromkeys(h.tokens))
+            h.append(tokens[k])
 
 
 def test_a_forced_beam_step_has_one_continuation():
@@ -166,8 +186,8 @@ def test_a_row_chooses_the_same_alone_and_in_any_batch():
     logits, c = mixed_batch(rng, 32, controls=True)
     together = TokenChooser((0,), eos_id=2, unk_id=3).choose(logits.copy(), c)
     for i in range(16):
-        one = RowControls(*(getattr(c, f)[i:i + 1] if f != "history" else {0: c.history[i]} if i in c.history
-                            else {} for f in RowControls.__dataclass_fields__))
+        one = RowControls(*(getattr(c, f)[i:i + 1] if f not in ("seen", "banned") else
+                            {0: getattr(c, f)[i]} if i in getattr(c, f) else {} for f in RowControls.__dataclass_fields__))
         alone = TokenChooser((0,), eos_id=2, unk_id=3).choose(logits[i:i + 1].copy(), one)
         assert alone.token[0] == together.token[i] and alone.logprob[0] == together.logprob[i]
         if c.kind[i] == BEAM:

@@ -181,16 +181,25 @@ class HostedModel:
 
     def jobs(self, texts: list[str], params: DecodingParams, sink: Callable[[Event], None] | list,
              deadline: Optional[float], scores: bool = False, stream: bool = False,
-             languages: tuple[str, str] = ("", ""), labels: Optional[list[str]] = None) -> list[Job]:
-        """Validated jobs for texts; `sink` is one callable for all, or one per text."""
+             languages: tuple[str, str] = ("", ""), labels: Optional[list[str]] = None,
+             prefixed: Optional[list[bool]] = None) -> list[Job]:
+        """Validated jobs for texts; `sink` is one callable for all, or one per text. A target prefix
+        goes to the texts `prefixed` marks (a document's first sentence), to every text by default."""
         params = self.check_params(params)
-        prefix, forced = self.language_tokens(*languages)
+        lead, forced = self.language_tokens(*languages)
+        target = tuple(self.tok.encode_target(params.target_prefix)) if params.target_prefix else ()
+        room = self.max_output - len(forced)
+        if len(target) >= room:
+            raise InvalidArgument(f"target_prefix is {len(target)} tokens long; at most {room - 1} leave room "
+                                  "for a translation")
         sinks = sink if isinstance(sink, list) else [sink] * len(texts)
+        marks = prefixed if prefixed is not None else [True] * len(texts)
         out = []
-        for ids, s in zip(self.encode_texts(texts, prefix, labels), sinks):
+        for ids, s, mark in zip(self.encode_texts(texts, lead, labels), sinks, marks):
+            prefix = target if mark else ()
             budget = params.max_output_tokens or max_output_len(len(ids), self.max_output)
-            out.append(Job(self.name, ids, params, min(budget, self.max_output - len(forced)), s, deadline,
-                           scores=scores, stream=stream, forced=forced))
+            out.append(Job(self.name, ids, params, min(budget + len(prefix), room), s, deadline,
+                           scores=scores, stream=stream, forced=forced, prefix=prefix))
         return out
 
     def embed_jobs(self, texts: list[str], sinks: list, deadline: Optional[float]) -> list[EmbedJob]:

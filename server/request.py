@@ -42,6 +42,7 @@ class DecodingParams:
     no_repeat_ngram_size: int = 0  # 0 = off
     min_output_tokens: int = 0  # EOS banned before this many output tokens
     no_unknown_token: bool = False
+    target_prefix: str = ""  # text the translation must start with (tokenised by the hosted model)
 
     @property
     def controlled(self) -> bool:
@@ -130,6 +131,9 @@ class Job:
     # Tokens forced as the first outputs (M2M100/NLLB: the target-language token), with log-prob 0
     # as Hugging Face's ForcedBOSTokenLogitsProcessor gives them; not part of the returned tokens.
     forced: tuple[int, ...] = ()
+    # Tokens the translation must start with (a target prefix): forced after `forced`, and part of
+    # the output (returned, streamed); max_len counts them on top of the request's budget.
+    prefix: tuple[int, ...] = ()
 
     def cancel(self) -> None:
         self.cancelled = True

@@ -149,7 +149,10 @@ class Scheduler:
         p = job.params
         state = Running(job, rows)
         if p.beam_size > 1:
-            state.beam = BeamState(p.beam_size, self.eos_id, p.length_penalty, self.rules.early_stopping)
+            # A target prefix is the decoder's prompt in transformers' terms (a forced language token then
+            # counts as part of it); the language token alone is generated there (forced_bos_token_id).
+            prompt = len(job.forced) + len(job.prefix) if job.prefix else 0
+            state.beam = BeamState(p.beam_size, self.eos_id, p.length_penalty, self.rules.early_stopping, prompt)
         else:
             n = len(rows)
             state.tokens, state.logprob = [[] for _ in range(n)], [0.0] * n
@@ -158,8 +161,8 @@ class Scheduler:
             if p.repetition_penalty != 1.0 or p.no_repeat_ngram_size:
                 state.histories = [RowHistory([self.rules.start_id, *job.forced], p.no_repeat_ngram_size)
                                    for _ in range(n)]
-        state.plain = state.beam is None and not (p.sampling or state.scored or job.forced or p.controlled
-                                                   or self.rules.force_eos_at_limit)
+        state.plain = state.beam is None and not (p.sampling or state.scored or job.forced or job.prefix
+                                                   or p.controlled or self.rules.force_eos_at_limit)
         self.running.append(state)
         self.m.input_tokens.inc(len(job.src_ids))
         self.m.running.set(len(self.running))
@@ -178,13 +181,14 @@ class Scheduler:
             if state.beam is not None:
                 slots = [r.slot for r in state.rows]
                 c.kind[slots], c.beam[slots] = BEAM, p.beam_size
-                if state.step < n_forced:
-                    c.forced[slots] = job.forced[state.step]
+                n_prefix = len(job.prefix)
+                if state.step < n_forced + n_prefix:
+                    c.forced[slots] = (job.forced + job.prefix)[state.step]
                 elif force_eos and state.step == job.max_len - 1 + n_forced:
                     c.forced[slots] = self.eos_id
                 if p.controlled:  # beams reorder every step: their histories are read whole
                     needs_history = p.repetition_penalty != 1.0 or p.no_repeat_ngram_size
-                    self._control(c, ctl, slots, p, state.step - n_forced,
+                    self._control(c, ctl, slots, p, state.step - n_forced - n_prefix,
                                   [RowHistory([self.rules.start_id, *h], p.no_repeat_ngram_size)
                                    for h in state.beam.history] if needs_history else [])
                 continue
@@ -196,9 +200,12 @@ class Scheduler:
                     c.forced[slot] = job.forced[state.step]
                     continue
                 c.scored[slot] = state.scored
+                produced = len(state.tokens[i]) - len(job.prefix)  # generated after the target prefix
                 if p.controlled:
-                    self._control(c, ctl, [slot], p, len(state.tokens[i]), state.histories[i:i + 1])
-                if force_eos and len(state.tokens[i]) == job.max_len - 1:
+                    self._control(c, ctl, [slot], p, produced, state.histories[i:i + 1])
+                if produced < 0:  # the target prefix: forced, and part of the output
+                    c.forced[slot] = job.prefix[len(state.tokens[i])]
+                elif force_eos and len(state.tokens[i]) == job.max_len - 1:
                     c.forced[slot] = self.eos_id
                 elif p.sampling:
                     c.kind[slot], c.temperature[slot], c.top_k[slot], c.top_p[slot] = \

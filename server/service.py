@@ -62,7 +62,7 @@ def decoding_params(o: pb.DecodingOptions) -> DecodingParams:
         repetition_penalty=o.repetition_penalty if o.HasField("repetition_penalty") and o.repetition_penalty != 0
         else 1.0,
         no_repeat_ngram_size=o.no_repeat_ngram_size, min_output_tokens=o.min_output_tokens,
-        no_unknown_token=o.no_unknown_token)
+        no_unknown_token=o.no_unknown_token, target_prefix=o.target_prefix)
 
 
 def deadline_of(context) -> Optional[float]:
@@ -274,9 +274,11 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         params, languages = decoding_params(request.options), (request.source_language, request.target_language)
         plans, labels = await self._plan(model, texts, request.split_sentences, request.mime_type, languages, params)
         sources = [unit.source for plan in plans for unit in plan.units]
+        firsts = [j == 0 for plan in plans for j in range(len(plan.units))]  # a target prefix starts each text
         futures, sinks = _futures(len(sources))
         jobs = await self._off_loop(model.jobs, sources, params, sinks, deadline_of(context),
-                                    scores=request.return_scores, languages=languages, labels=labels)
+                                    scores=request.return_scores, languages=languages, labels=labels,
+                                    prefixed=firsts)
         calls.submitted(jobs)
         results: list[FinishEvent] = await _run(model, jobs, futures) if jobs else []
         calls.decoded(results)
@@ -331,7 +333,8 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         relay = relay_for(asyncio.get_running_loop())
         sinks = [relay.sink(partial(_tagged, events.put_nowait, i)) for i in range(len(labels))]
         jobs = await self._off_loop(model.jobs, [u.source for u in plan.units], params, sinks, deadline_of(context),
-                                    stream=True, languages=languages, labels=labels)
+                                    stream=True, languages=languages, labels=labels,
+                                    prefixed=[j == 0 for j in range(len(plan.units))])
         calls.submitted(jobs)
         if jobs:
             model.scheduler.submit(jobs)

@@ -238,6 +238,63 @@ def test_decoding_controls_equal_generate_in_a_shared_batch(repo, reference):
         srv.stop()
 
 
+def _generate_with_prefix(reference, name: str, texts: list[str], lang: str, beams: int,
+                          prefix: list[int]) -> list[list[int]]:
+    """generate with the prefix as decoder_input_ids (after the decoder start and, for M2M100/NLLB, the
+    target-language token), as interactive-translation tools call it; outputs keep the prefix."""
+    tok, model = reference[name]
+    start = [model.config.decoder_start_token_id]
+    if name == "marian":
+        batch = tok([f">>{lang}<< " + t for t in texts], return_tensors="pt", padding=True)
+    else:
+        tok.src_lang = "en" if name == "m2m" else "eng_Latn"
+        batch = tok(texts, return_tensors="pt", padding=True)
+        start.append(tok.convert_tokens_to_ids(f"__{lang}__" if name == "m2m" else lang))
+    prompt = torch.tensor([start + prefix] * len(texts))
+    with torch.no_grad():
+        out = model.generate(**batch, decoder_input_ids=prompt, num_beams=beams, length_penalty=1.0,
+                             do_sample=False, max_new_tokens=MAX_NEW)
+    eos = model.config.eos_token_id
+    rows = []
+    for seq in out.tolist():
+        seq = seq[len(start):]
+        rows.append(seq[:seq.index(eos)] if eos in seq else seq)
+    return rows
+
+
+def test_target_prefix_equals_generate_with_decoder_input_ids(repo, reference):
+    """The translation starts with the prefix (tokenised as transformers tokenises a target text) and
+    goes on as generate goes on from it, greedy and beam 4, unary and streamed."""
+    from client import TranslatorClient
+    texts = hf_models.test_sentences(16)
+    srv = ServerThread(model_repository=str(repo), default_model="marian", warmup=False, runaway_guard=False).start()
+    try:
+        with TranslatorClient(srv.target, timeout=300, retries=0) as client:
+            for name, lang in (("marian", "xx"), ("m2m", "de"), ("nllb", "deu_Latn")):
+                tok_ref = reference[name][0]
+                free = client.translate(texts[:1], model=name, target_language=lang, split_sentences="off")
+                prefix_text = " ".join(free.translations[0].hypotheses[0].text.split()[:2]) or "x"
+                prefix = tok_ref(text_target=prefix_text, add_special_tokens=False).input_ids
+                _, ours_tok = ours(repo, name)
+                assert ours_tok.encode_target(prefix_text) == prefix, name
+                for beams in (1, 4):
+                    got = client.translate(texts, model=name, target_language=lang, return_tokens=True,
+                                           beam_size=beams, max_output_tokens=MAX_NEW, target_prefix=prefix_text,
+                                           split_sentences="off")
+                    ours_ids = [list(t.hypotheses[0].token_ids) for t in got.translations]
+                    want = _generate_with_prefix(reference, name, texts, lang, beams, prefix)
+                    diff = [(t, a, b) for t, a, b in zip(texts, ours_ids, want) if a != b]
+                    assert not diff, (name, beams, len(diff), diff[0])
+                    assert all(ids[:len(prefix)] == prefix for ids in ours_ids)
+                streamed = list(client.translate_stream(texts[3], model=name, target_language=lang,
+                                                        target_prefix=prefix_text, split_sentences="off"))
+                unary = client.translate([texts[3]], model=name, target_language=lang, target_prefix=prefix_text,
+                                         split_sentences="off").translations[0].hypotheses[0].text
+                assert "".join(m.delta for m in streamed) == unary
+    finally:
+        srv.stop()
+
+
 def test_languages_route_requests_and_unknown_pairs_are_refused(repo):
     from client import TranslatorClient
     srv = ServerThread(model_repository=str(repo), default_model="marian", warmup=False).start()

@@ -163,6 +163,22 @@ def test_stream_interval_sends_chunks_that_still_add_up():
         srv.stop()
 
 
+def test_target_prefix_starts_the_translation_in_documents_and_streams(client):
+    """The shipped model: each text's first sentence starts with the prefix; the rest of a document
+    is translated as without it; a stream sends the prefix first and adds up to the unary text."""
+    doc = "A man is riding a bike. Two dogs play in the snow."
+    free = client.translate([doc]).translations[0].hypotheses[0].text
+    second = client.translate(["Two dogs play in the snow."]).translations[0].hypotheses[0].text
+    for beam in (1, 4):
+        got = client.translate([doc, "A cat sleeps."], target_prefix="Eine Frau", beam_size=beam).translations
+        assert all(t.hypotheses[0].text.startswith("Eine Frau") for t in got), got
+        assert got[0].hypotheses[0].text.endswith(" " + second) and got[0].hypotheses[0].text != free
+        messages = list(client.translate_stream(doc, target_prefix="Eine Frau", beam_size=beam))
+        assert "".join(m.delta for m in messages) == got[0].hypotheses[0].text
+    first = next(client.translate_stream(doc, target_prefix="Eine Frau"))
+    assert "Eine Frau".startswith(first.delta.strip()) and first.delta.strip()
+
+
 def test_beam_stream_equals_beam_unary(client):
     text = "A little girl climbs into a wooden playhouse."
     unary = client.translate([text], beam_size=4).translations[0].hypotheses[0].text
@@ -217,6 +233,7 @@ def test_bad_input_gets_clear_errors_and_server_keeps_serving(server, client):
         (lambda: client.translate(["a"], repetition_penalty=float("nan")), INVALID, "repetition_penalty nan"),
         (lambda: client.translate(["a"], no_repeat_ngram_size=11), INVALID, "no_repeat_ngram_size 11 must be in [0, 10]"),
         (lambda: client.translate(["a"], max_output_tokens=5, min_output_tokens=6), INVALID, "min_output_tokens 6 must be in [0, 5]"),
+        (lambda: client.translate(["a"], target_prefix="Hund " * 300), INVALID, "leave room for a translation"),
         (lambda: list(client.translate_stream("")), INVALID, "texts is empty"),
         (lambda: list(client.translate_stream("a", beam_size=3, num_hypotheses=2)), INVALID, "streaming"),
         (lambda: client.embed([]), INVALID, "texts is empty"),
@@ -226,7 +243,7 @@ def test_bad_input_gets_clear_errors_and_server_keeps_serving(server, client):
     for call, code, words in cases:
         got, details = code_of(call)
         assert got == code and words in details, (got, details)
-    assert server.settled_metric("nmt_requests_total", before + 13, rpc="Translate", code="INVALID_ARGUMENT") == before + 13
+    assert server.settled_metric("nmt_requests_total", before + 14, rpc="Translate", code="INVALID_ARGUMENT") == before + 14
     server.wait_idle()
     assert client.translate(["A man is riding a bike."]).translations[0].hypotheses[0].text
 

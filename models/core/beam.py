@@ -44,6 +44,9 @@ class BeamState:
     eos_id: int
     alpha: float = 1.0
     early_stopping: bool = True
+    # Tokens given as the decoder's prompt (a target prefix, with any language token before it): like
+    # transformers, the length a score is normalised by counts only what was generated after them.
+    prompt: int = 0
     scores: np.ndarray = field(init=False)  # (K,) cumulative log-prob of live beams
     history: list[list[int]] = field(init=False)  # (K, t) tokens of live beams
     done: list[Hypothesis] = field(default_factory=list)
@@ -53,6 +56,9 @@ class BeamState:
         self.scores = np.full(self.beam, -np.inf, dtype=np.float32)
         self.scores[0] = 0.0  # one live beam at the start, so no duplicates
         self.history = [[] for _ in range(self.beam)]
+
+    def _length(self, step: int) -> int:
+        return max(step + 1 - self.prompt, 1)
 
     def advance(self, logp: np.ndarray, step: int, last: bool) -> tuple[np.ndarray, np.ndarray]:
         """logp (K, V) for this step -> (parents (K,), next tokens (K,)): each row's best 2K
@@ -86,7 +92,7 @@ class BeamState:
                 if rank < k and (len(self.done) < k or not self.early_stopping):
                     eos = tok == self.eos_id
                     seq = self.history[parent] + ([] if eos else [tok])
-                    self.done.append(Hypothesis(seq, sc / max(step + 1, 1) ** self.alpha, eos))
+                    self.done.append(Hypothesis(seq, sc / self._length(step) ** self.alpha, eos))
                 continue
             if filled < k:
                 next_scores[filled], parents[filled], tokens[filled] = sc, parent, tok
@@ -94,7 +100,7 @@ class BeamState:
         if len(self.done) > k:  # early_stopping=False: the best K so far
             self.done = sorted(self.done, key=lambda h: -h.score)[:k]
         if last or (len(self.done) >= k and (self.early_stopping or next_scores[0] == -np.inf or float(
-                next_scores[0]) / (step + 1) ** self.alpha <= min(h.score for h in self.done))):
+                next_scores[0]) / self._length(step) ** self.alpha <= min(h.score for h in self.done))):
             self.finished = True
         self.history = [self.history[p] + [int(t)] for p, t in zip(parents.tolist(), tokens.tolist())]
         self.scores = next_scores
@@ -104,7 +110,7 @@ class BeamState:
         """End now (the runaway guard): live beams join the finished ones, scored as if they ended here."""
         for seq, score in zip(self.history, self.scores.tolist()):
             if score > -np.inf:
-                self.done.append(Hypothesis(list(seq), score / max(step + 1, 1) ** self.alpha, False))
+                self.done.append(Hypothesis(list(seq), score / self._length(step) ** self.alpha, False))
         self.done = sorted(self.done, key=lambda h: -h.score)[:self.beam]
         self.finished = True
 

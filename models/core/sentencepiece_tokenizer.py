@@ -43,6 +43,7 @@ class SentencePieceTokenizer(PieceTable):
         self.target = spm.SentencePieceProcessor(model_file=str(target_model)) if target_model else self.source
         self.vocab = vocab
         target_vocab = target_vocab or vocab
+        self.target_vocab = target_vocab
         self.eos_id, self.pad_id, self.unk_id = eos_id, pad_id, unk_id
         self.split_language_code = split_language_code
         size = max(target_vocab.values()) + 1
@@ -93,6 +94,11 @@ class SentencePieceTokenizer(PieceTable):
         unk = self.unk_id
         ids = [self.vocab.get(p, unk) for p in self._pieces_of(text)]
         return ids + [self.eos_id] if add_eos else ids
+
+    def encode_target(self, text: str) -> list[int]:
+        """Target-side text (a translation's prefix) -> target ids, no EOS: the target model and vocabulary."""
+        unk = self.unk_id
+        return [self.target_vocab.get(p, unk) for p in self.target.encode(text, out_type=str)]
 
     def decode(self, ids: Iterable[int]) -> str:
         pieces = [self.piece(i) for i in ids if i not in self.skip]

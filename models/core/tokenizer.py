@@ -100,6 +100,10 @@ class SubwordTokenizer:
         ids = self.tok.encode(text, add_special_tokens=False).ids
         return ids + [self.eos_id] if add_eos else ids
 
+    def encode_target(self, text: str) -> list[int]:
+        """Target-side text (a translation's prefix) -> ids, no EOS (a joint vocabulary)."""
+        return self.encode(text, add_eos=False)
+
     def encode_batch(self, texts: Sequence[str], add_eos: bool = True) -> list[list[int]]:
         out = [enc.ids for enc in self.tok.encode_batch(list(texts), add_special_tokens=False)]
         return [ids + [self.eos_id] for ids in out] if add_eos else out

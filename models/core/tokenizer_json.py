@@ -47,5 +47,9 @@ class JsonTokenizer(PieceTable):
         ids = self.tok.encode(text, add_special_tokens=False).ids
         return ids + [self.eos_id] if add_eos else ids
 
+    def encode_target(self, text: str) -> list[int]:
+        """Target-side text (a translation's prefix) -> ids, no EOS (one vocabulary for both sides)."""
+        return self.encode(text, add_eos=False)
+
     def decode(self, ids: Iterable[int]) -> str:
         return self.tok.decode([i for i in ids if i not in self.skip], skip_special_tokens=True)

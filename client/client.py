@@ -84,11 +84,13 @@ def retry_delay(err) -> Optional[float]:
 def options(beam_size: int = 0, length_penalty: Optional[float] = None, temperature: float = 0.0, top_k: int = 0,
             top_p: float = 0.0, seed: Optional[int] = None, max_output_tokens: int = 0,
             num_hypotheses: int = 0, repetition_penalty: Optional[float] = None, no_repeat_ngram_size: int = 0,
-            min_output_tokens: int = 0, no_unknown_token: bool = False, target_prefix: str = "") -> pb.DecodingOptions:
+            min_output_tokens: int = 0, no_unknown_token: bool = False, target_prefix: str = "",
+            alternatives: int = 0) -> pb.DecodingOptions:
     o = pb.DecodingOptions(beam_size=beam_size, temperature=temperature, top_k=top_k, top_p=top_p,
                            max_output_tokens=max_output_tokens, num_hypotheses=num_hypotheses,
                            no_repeat_ngram_size=no_repeat_ngram_size, min_output_tokens=min_output_tokens,
-                           no_unknown_token=no_unknown_token, target_prefix=target_prefix)
+                           no_unknown_token=no_unknown_token, target_prefix=target_prefix,
+                           alternatives=alternatives)
     if length_penalty is not None:
         o.length_penalty = length_penalty
     if repetition_penalty is not None:

@@ -56,12 +56,13 @@ class RowControls:
     ban_eos: np.ndarray  # (B,) bool
     seen: dict  # slot -> the distinct tokens of the row's history (repetition penalty)
     banned: dict  # slot -> tokens that would repeat an n-gram of the row's history
+    rank: np.ndarray  # (B,) int64: greedy rows take their rank-th best token (alternatives), 0 = the best
 
     @classmethod
     def greedy(cls, b: int) -> "RowControls":
         return cls(np.full(b, GREEDY, np.int8), np.full(b, -1, np.int64), np.zeros(b, bool), np.ones(b),
                    np.zeros(b, np.int64), np.ones(b), np.zeros(b), np.zeros(b, np.int64), np.ones(b),
-                   np.zeros(b, np.int64), np.zeros(b, bool), np.zeros(b, bool), {}, {})
+                   np.zeros(b, np.int64), np.zeros(b, bool), np.zeros(b, bool), {}, {}, np.zeros(b, np.int64))
 
 
 @dataclass
@@ -159,6 +160,10 @@ class TokenChooser:
         greedy = np.flatnonzero(c.kind == GREEDY)
         if len(greedy):
             token[greedy] = _rows(logits, greedy).argmax(axis=-1)
+        ranked = np.flatnonzero((c.kind == GREEDY) & (c.rank > 0))
+        if len(ranked):  # alternatives: the rank-th best token, ties in vocabulary order as argmax breaks them
+            order = np.argsort(-logits[ranked], axis=-1, kind="stable")
+            token[ranked] = order[np.arange(len(ranked)), c.rank[ranked]]
         sampled = np.flatnonzero(c.kind == SAMPLE)
         if len(sampled):
             token[sampled] = self._sample(_rows(logits, sampled), c, sampled)

@@ -171,6 +171,11 @@ class HostedModel:
         if not 0 <= p.min_output_tokens <= budget:
             problems.append(f"min_output_tokens {p.min_output_tokens} must be in [0, {budget}] "
                             "(max_output_tokens, or the model's limit)")
+        if p.alternatives and (p.beam_size > 1 or p.sampling or p.num_hypotheses > 1):
+            problems.append("alternatives continue greedily: they need beam_size <= 1, temperature 0 and "
+                            "num_hypotheses 0 or 1 (the alternatives are the hypotheses)")
+        if p.alternatives > self.cfg.max_hypotheses:
+            problems.append(f"alternatives {p.alternatives} exceeds the limit {self.cfg.max_hypotheses}")
         if p.no_unknown_token and self.bundle.spec.unk_id is None:
             problems.append(f"no_unknown_token: model {self.name} names no unknown token")
         if p.max_output_tokens > self.max_output:

@@ -43,6 +43,7 @@ class DecodingParams:
     min_output_tokens: int = 0  # EOS banned before this many output tokens
     no_unknown_token: bool = False
     target_prefix: str = ""  # text the translation must start with (tokenised by the hosted model)
+    alternatives: int = 0  # n continuations at the first position after the prefix, one row each
 
     @property
     def controlled(self) -> bool:
@@ -57,7 +58,7 @@ class DecodingParams:
     @property
     def rows(self) -> int:
         """Decode rows (batch slots) this request occupies."""
-        return self.beam_size if self.beam_size > 1 else self.num_hypotheses
+        return self.beam_size if self.beam_size > 1 else self.alternatives or self.num_hypotheses
 
 
 @dataclass(frozen=True)

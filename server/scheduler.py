@@ -205,6 +205,8 @@ class Scheduler:
                     self._control(c, ctl, [slot], p, produced, state.histories[i:i + 1])
                 if produced < 0:  # the target prefix: forced, and part of the output
                     c.forced[slot] = job.prefix[len(state.tokens[i])]
+                elif produced == 0 and p.alternatives:  # the first free position: row i takes the i-th best
+                    c.rank[slot] = i
                 elif force_eos and len(state.tokens[i]) == job.max_len - 1:
                     c.forced[slot] = self.eos_id
                 elif p.sampling:
@@ -288,7 +290,9 @@ class Scheduler:
         self._to_release.extend(finished_rows)
         if not any(state.live):
             hyps = [Hypothesis(t, lp, eos) for t, lp, eos in zip(state.tokens, state.logprob, state.ended_by_eos)]
-            order = sorted(range(len(hyps)), key=lambda i: -hyps[i].score) if len(hyps) > 1 else [0]
+            # Alternatives stay in the order of their first token's rank; several samples rank by score.
+            order = list(range(len(hyps))) if job.params.alternatives or len(hyps) == 1 else \
+                sorted(range(len(hyps)), key=lambda i: -hyps[i].score)
             first = order[0]
             reason = FinishReason.EOS if state.ended_by_eos[first] else \
                 FinishReason.RUNAWAY if state.guarded[first] else FinishReason.LENGTH

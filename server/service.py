@@ -62,7 +62,7 @@ def decoding_params(o: pb.DecodingOptions) -> DecodingParams:
         repetition_penalty=o.repetition_penalty if o.HasField("repetition_penalty") and o.repetition_penalty != 0
         else 1.0,
         no_repeat_ngram_size=o.no_repeat_ngram_size, min_output_tokens=o.min_output_tokens,
-        no_unknown_token=o.no_unknown_token, target_prefix=o.target_prefix)
+        no_unknown_token=o.no_unknown_token, target_prefix=o.target_prefix, alternatives=o.alternatives)
 
 
 def deadline_of(context) -> Optional[float]:
@@ -324,8 +324,9 @@ class TranslatorService(pb_grpc.TranslatorServicer):
     async def _stream(self, request: pb.TranslateStreamRequest, context) -> AsyncIterator:
         model = self._model(request.model, request.source_language, request.target_language)
         params, languages = decoding_params(request.options), (request.source_language, request.target_language)
-        if params.num_hypotheses != 1:
-            raise InvalidArgument("streaming returns one hypothesis: num_hypotheses must be 0 or 1")
+        if params.num_hypotheses != 1 or params.alternatives:
+            raise InvalidArgument("streaming returns one hypothesis: num_hypotheses must be 0 or 1, "
+                                  "alternatives 0")
         texts = self._texts([request.text] if request.text else [])
         (plan,), labels = await self._plan(model, texts, request.split_sentences, request.mime_type, languages,
                                            params)

@@ -83,3 +83,32 @@ def test_baseline_server_gives_our_servers_tokens(tmp_path):
         proc.terminate()
         proc.wait(10)
         ours.stop()
+
+
+def test_alternatives_equal_ctranslate2_return_alternatives(tmp_path):
+    """alternatives = CTranslate2's return_alternatives (an independent engine) on the shipped model:
+    after a target prefix, the n most likely next tokens, each continued greedily, in that order."""
+    from serving import ROOT, ServerThread, flickr_sentences
+
+    from client import TranslatorClient
+
+    model_dir = convert(ROOT / "models/pretrained/multi30k-en-de-small/model.pt", tmp_path / "ct2")
+    translator = ctranslate2.Translator(str(model_dir), device="cpu", intra_threads=1)
+    srv = ServerThread(metrics_port=-1, warmup=False, runaway_guard=False).start()
+    tok = srv.app.models["multi30k-en-de-small"].tok
+    try:
+        with TranslatorClient(srv.target, timeout=60, retries=0) as client:
+            for k, text in enumerate(flickr_sentences(24)):
+                prefix = ["", "Ein", "Eine Frau", "Zwei Hunde"][k % 4]
+                r = client.translate([text], target_prefix=prefix, alternatives=4, return_tokens=True,
+                                     max_output_tokens=60, split_sentences="off")
+                ours = [list(h.token_ids) for h in r.translations[0].hypotheses]
+                res = translator.translate_batch([[tok.piece(i) for i in tok.encode(text)]],
+                                                 target_prefix=[[tok.piece(i) for i in tok.encode_target(prefix)]],
+                                                 return_alternatives=True, num_hypotheses=4, beam_size=1,
+                                                 max_decoding_length=60 + len(tok.encode_target(prefix)))
+                theirs = [[tok.token_id(p) for p in h] for h in res[0].hypotheses]
+                assert len(ours) == 4 and len({tuple(o) for o in ours}) == 4, ours
+                assert ours == theirs, (text, prefix, ours, theirs)
+    finally:
+        srv.stop()

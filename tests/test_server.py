@@ -234,6 +234,8 @@ def test_bad_input_gets_clear_errors_and_server_keeps_serving(server, client):
         (lambda: client.translate(["a"], no_repeat_ngram_size=11), INVALID, "no_repeat_ngram_size 11 must be in [0, 10]"),
         (lambda: client.translate(["a"], max_output_tokens=5, min_output_tokens=6), INVALID, "min_output_tokens 6 must be in [0, 5]"),
         (lambda: client.translate(["a"], target_prefix="Hund " * 300), INVALID, "leave room for a translation"),
+        (lambda: client.translate(["a"], alternatives=2, beam_size=3), INVALID, "alternatives continue greedily"),
+        (lambda: list(client.translate_stream("a", alternatives=2)), INVALID, "alternatives 0"),
         (lambda: list(client.translate_stream("")), INVALID, "texts is empty"),
         (lambda: list(client.translate_stream("a", beam_size=3, num_hypotheses=2)), INVALID, "streaming"),
         (lambda: client.embed([]), INVALID, "texts is empty"),
@@ -243,7 +245,7 @@ def test_bad_input_gets_clear_errors_and_server_keeps_serving(server, client):
     for call, code, words in cases:
         got, details = code_of(call)
         assert got == code and words in details, (got, details)
-    assert server.settled_metric("nmt_requests_total", before + 14, rpc="Translate", code="INVALID_ARGUMENT") == before + 14
+    assert server.settled_metric("nmt_requests_total", before + 15, rpc="Translate", code="INVALID_ARGUMENT") == before + 15
     server.wait_idle()
     assert client.translate(["A man is riding a bike."]).translations[0].hypotheses[0].text
 

@@ -32,7 +32,7 @@ SPLIT_SENTENCES_OFF: SplitSentences
 SPLIT_SENTENCES_NEWLINES: SplitSentences
 
 class DecodingOptions(_message.Message):
-    __slots__ = ("beam_size", "length_penalty", "temperature", "top_k", "top_p", "seed", "max_output_tokens", "num_hypotheses", "repetition_penalty", "no_repeat_ngram_size", "min_output_tokens", "no_unknown_token", "target_prefix")
+    __slots__ = ("beam_size", "length_penalty", "temperature", "top_k", "top_p", "seed", "max_output_tokens", "num_hypotheses", "repetition_penalty", "no_repeat_ngram_size", "min_output_tokens", "no_unknown_token", "target_prefix", "alternatives")
     BEAM_SIZE_FIELD_NUMBER: _ClassVar[int]
     LENGTH_PENALTY_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
@@ -46,6 +46,7 @@ class DecodingOptions(_message.Message):
     MIN_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NO_UNKNOWN_TOKEN_FIELD_NUMBER: _ClassVar[int]
     TARGET_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    ALTERNATIVES_FIELD_NUMBER: _ClassVar[int]
     beam_size: int
     length_penalty: float
     temperature: float
@@ -59,7 +60,8 @@ class DecodingOptions(_message.Message):
     min_output_tokens: int
     no_unknown_token: bool
     target_prefix: str
-    def __init__(self, beam_size: _Optional[int] = ..., length_penalty: _Optional[float] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., max_output_tokens: _Optional[int] = ..., num_hypotheses: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., no_repeat_ngram_size: _Optional[int] = ..., min_output_tokens: _Optional[int] = ..., no_unknown_token: _Optional[bool] = ..., target_prefix: _Optional[str] = ...) -> None: ...
+    alternatives: int
+    def __init__(self, beam_size: _Optional[int] = ..., length_penalty: _Optional[float] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., max_output_tokens: _Optional[int] = ..., num_hypotheses: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., no_repeat_ngram_size: _Optional[int] = ..., min_output_tokens: _Optional[int] = ..., no_unknown_token: _Optional[bool] = ..., target_prefix: _Optional[str] = ..., alternatives: _Optional[int] = ...) -> None: ...
 
 class TranslateRequest(_message.Message):
     __slots__ = ("model", "texts", "options", "return_scores", "return_tokens", "source_language", "target_language", "split_sentences", "mime_type")

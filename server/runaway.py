@@ -32,22 +32,33 @@ class RunawayGuard:
 
     def tripped(self, tokens: list[int], source_len: int, start: int = 0) -> bool:
         """Whether tokens[start:] (the output; forced tokens before `start` do not count) trips the
-        guard. Checked after every appended token, so it is O(1) unless the newest token repeats one
-        n back: no slice of the output is taken."""
+        guard."""
+        return self.check(tokens, source_len, start)[0]
+
+    def check(self, tokens: list[int], source_len: int, start: int = 0) -> tuple[bool, int]:
+        """(trips the guard, the repeated tail): checked after every appended token, so it is O(1)
+        unless the newest token repeats one n back. The tail is how many of the last tokens repeat,
+        back to back, the n-gram just before them (the longest such run over n <= max_ngram): what
+        a stopped loop loses, keeping one occurrence, and what a stream holds back until the
+        repetition breaks (so a stream never sends what the unary answer would not contain)."""
         if not self.enabled:
-            return False
+            return False, 0
         size = len(tokens) - start
-        if size > self.length_ratio * source_len + self.length_slack:
-            return True
+        tripped = size > self.length_ratio * source_len + self.length_slack
         last = tokens[-1] if size > 0 else None
+        end, tail = len(tokens), 0
         for n, k in enumerate(self._repeats, 1):
-            if size < n * k or tokens[-1 - n] != last:
+            if size < 2 * n or tokens[-1 - n] != last:
                 continue
-            end = len(tokens)
-            tail = tokens[end - n:]
-            if all(tokens[end - (j + 1) * n:end - j * n] == tail for j in range(1, k)):
-                return True
-        return False
+            gram = tokens[end - n:]
+            if tokens[end - 2 * n:end - n] != gram:
+                continue
+            reps = 2
+            while size >= (reps + 1) * n and tokens[end - (reps + 1) * n:end - reps * n] == gram:
+                reps += 1
+            tail = max(tail, (reps - 1) * n)
+            tripped = tripped or reps >= k
+        return tripped, tail
 
 
 def longest_loop(tokens: list[int], max_ngram: int = 6) -> dict[int, int]:

@@ -40,6 +40,9 @@ class Running:
     live: list[bool] = field(default_factory=list)
     ended_by_eos: list[bool] = field(default_factory=list)
     guarded: list[bool] = field(default_factory=list)  # stopped by the runaway guard
+    # Per hypothesis: how much of the output is settled (can no longer be cut as a loop's repeats): a
+    # stream sends no further, a stopped loop is trimmed back to it (never below what was sent).
+    kept: list[int] = field(default_factory=list)
     rngs: list = field(default_factory=list)
     unsent: list[int] = field(default_factory=list)  # streamed tokens held for the next TokenEvent
     step: int = 0
@@ -157,6 +160,7 @@ class Scheduler:
             n = len(rows)
             state.tokens, state.logprob = [[] for _ in range(n)], [0.0] * n
             state.live, state.ended_by_eos, state.guarded = [True] * n, [False] * n, [False] * n
+            state.kept = [0] * n
             state.rngs = [make_rng(p.seed, i) if p.sampling else None for i in range(n)]
             if p.repetition_penalty != 1.0 or p.no_repeat_ngram_size:
                 state.histories = [RowHistory([self.rules.start_id, *job.forced], p.no_repeat_ngram_size)
@@ -271,22 +275,32 @@ class Scheduler:
                 row.token = tok
                 if i == 0 and job.stream:
                     state.unsent.append(tok)
-                if len(state.tokens[i]) >= job.max_len:
-                    state.live[i] = False
-                elif self.guard.tripped(state.tokens[i], len(job.src_ids)):
+                out = state.tokens[i]
+                tripped, tail = self.guard.check(out, len(job.src_ids))
+                state.kept[i] = max(state.kept[i], len(out) - tail)
+                if tripped:  # the loop's repeats go; one occurrence stays (docs/runaway.md)
                     state.live[i], state.guarded[i] = False, True
                     self.m.guarded_rows.inc()
+                    cut = len(out) - state.kept[i]
+                    if cut:
+                        del out[state.kept[i]:]
+                        if i == 0 and job.stream:
+                            del state.unsent[len(state.unsent) - cut:]
+                elif len(out) >= job.max_len:
+                    state.live[i] = False
             if not state.live[i]:
                 finished_rows.append(row)
         if forced:
             return
         self._observe_token(job, now)
         # Streams follow hypothesis 0: its first token at once, then every stream_interval tokens,
-        # and whatever is held when it ends (before the FinishEvent).
-        if state.unsent and (len(state.tokens[0]) == 1 or len(state.unsent) >= self.stream_interval
-                             or not state.live[0]):
-            job.sink(TokenEvent(state.unsent))
-            state.unsent = []
+        # and whatever is held when it ends (before the FinishEvent). Tokens repeating the n-gram
+        # before them wait (they may turn out to be a loop the guard cuts) until the repeat breaks.
+        if state.unsent:
+            ready = len(state.unsent) - (len(state.tokens[0]) - state.kept[0]) if state.live[0] else len(state.unsent)
+            if ready > 0 and (len(state.tokens[0]) == 1 or ready >= self.stream_interval or not state.live[0]):
+                job.sink(TokenEvent(state.unsent[:ready]))
+                del state.unsent[:ready]
         self._to_release.extend(finished_rows)
         if not any(state.live):
             hyps = [Hypothesis(t, lp, eos) for t, lp, eos in zip(state.tokens, state.logprob, state.ended_by_eos)]
@@ -314,6 +328,9 @@ class Scheduler:
         if state.beam.finished:
             best = [dataclasses.replace(h, tokens=h.tokens[n_forced:])
                     for h in state.beam.best(job.params.num_hypotheses)]
+            if guarded:  # the loop's repeats go, one occurrence stays (beam streams only at its end)
+                best = [dataclasses.replace(h, tokens=h.tokens[:len(h.tokens) - self.guard.check(
+                    h.tokens, len(job.src_ids))[1]]) for h in best]
             if job.stream:
                 job.sink(TokenEvent(best[0].tokens))
             reason = FinishReason.EOS if best[0].finished_by_eos else \

@@ -296,7 +296,8 @@ def unguarded():
     srv = ServerThread(metrics_port=-1, runaway_guard=False, warmup=False).start()
     try:
         with grpc.insecure_channel(srv.target) as channel:
-            out = pb_grpc.TranslatorStub(channel).Translate(pb.TranslateRequest(texts=LOOP_POOL)).translations
+            out = pb_grpc.TranslatorStub(channel).Translate(pb.TranslateRequest(texts=LOOP_POOL,
+                                                                                  return_tokens=True)).translations
     finally:
         srv.stop()
     assert not any(t.finish_reason == pb.FINISH_REASON_RUNAWAY for t in out)  # the guard can be turned off
@@ -305,18 +306,24 @@ def unguarded():
 
 def test_runaway_guard_stops_loops_through_the_server(stub, server, unguarded):
     before = server.metric("nmt_runaway_stopped_total", model="multi30k-en-de-small", missing_ok=True)
-    guarded = dict(zip(LOOP_POOL, stub.Translate(pb.TranslateRequest(texts=LOOP_POOL)).translations))
+    guarded = dict(zip(LOOP_POOL, stub.Translate(pb.TranslateRequest(texts=LOOP_POOL,
+                                                                     return_tokens=True)).translations))
     looping = [text for text, t in guarded.items() if t.finish_reason == pb.FINISH_REASON_RUNAWAY]
     assert len(looping) >= 2, "the served model loops on almost none of LOOP_POOL: add inputs it loops on"
+    guard = RunawayGuard()
     for text in looping:  # each cut short of its unguarded output, which repeats a piece back to back
         full, cut = unguarded[text], guarded[text]
-        assert cut.output_tokens < full.output_tokens
-        assert full.hypotheses[0].text.startswith(cut.hypotheses[0].text[:8])
+        ids, full_ids = list(cut.hypotheses[0].token_ids), list(full.hypotheses[0].token_ids)
+        assert cut.output_tokens == len(ids) < full.output_tokens and full_ids[:len(ids)] == ids
         assert re.search(r"(.{1,6}?)\1{5,}", full.hypotheses[0].text), full.hypotheses[0].text
+        # The loop's repeats are gone, one occurrence kept: what is left would not trip the guard.
+        assert not guard.check(ids, len(ids))[0] and guard.check(ids, len(ids))[1] < guard.min_span, ids
     assert server.settled_metric("nmt_runaway_stopped_total", before + len(looping),
                                  model="multi30k-en-de-small") == before + len(looping)
-    streamed = [list(stub.TranslateStream(pb.TranslateStreamRequest(text=t)))[-1] for t in looping]
-    assert all(m.finish_reason == pb.FINISH_REASON_RUNAWAY for m in streamed)
+    for text in looping:  # a stream never sends the repeats the unary answer drops
+        messages = list(stub.TranslateStream(pb.TranslateStreamRequest(text=text)))
+        assert messages[-1].finish_reason == pb.FINISH_REASON_RUNAWAY
+        assert "".join(m.delta for m in messages) == guarded[text].hypotheses[0].text
     beam = stub.Translate(pb.TranslateRequest(texts=looping, options=pb.DecodingOptions(beam_size=4)))
     assert all(t.hypotheses[0].text for t in beam.translations)
 

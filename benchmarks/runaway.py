@@ -54,10 +54,14 @@ def decode_all(model: OnnxModel, tok, texts: list[str], beam: int) -> list[tuple
 
 
 def cut_by(guard: RunawayGuard, src: list[int], out: list[int]) -> int:
-    """Tokens the guard would have kept (len(out) when it never trips)."""
+    """Tokens the server returns (len(out) when the guard never trips): where it trips, the output
+    up to the loop's first occurrence, its repeats dropped (server/scheduler.py's settled length)."""
+    settled = 0
     for t in range(1, len(out) + 1):
-        if guard.tripped(out[:t], len(src)):
-            return t
+        tripped, tail = guard.check(out[:t], len(src))
+        settled = max(settled, t - tail)
+        if tripped:
+            return settled
     return len(out)
 
 
@@ -72,8 +76,8 @@ def report(name: str, pairs, guard: RunawayGuard, tok, texts: list[str]) -> list
             cut += 1
             saved += len(out) - kept
             if len(examples) < 5:
-                examples.append(f"  - `{text}` → `{tok.decode(out)[:120]}` (stopped after {kept} of {len(out)} tokens:"
-                                f" `{tok.decode(out[:kept])[-60:]}`)")
+                examples.append(f"  - `{text}` → `{tok.decode(out)[:120]}` (stopped, {kept} of {len(out)} tokens kept,"
+                                f" the loop's repeats dropped: `{tok.decode(out[:kept])[-60:]}`)")
     lines = [f"| {name} | {len(pairs)} | " + " / ".join(str(worst[n]) for n in sorted(worst))
              + f" | {cut} | {saved} |"]
     return lines + (["", f"{name}, outputs the guard stops:", ""] + examples + [""] if examples else [])

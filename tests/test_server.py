@@ -199,6 +199,27 @@ def test_seeded_sampling_repeats(client):
     assert len(n.hypotheses) == 3
 
 
+def test_controls_with_sampling_give_the_same_output_alone_and_in_a_batch(server, client):
+    """Seeded sampling with a repetition penalty, no repeated 2-grams and a minimum length: each text
+    alone = the same text among 23 others (greedy, beam and other settings) sharing the steps."""
+    texts = flickr_sentences(24)
+    opts = dict(temperature=0.9, top_k=40, seed=11, repetition_penalty=1.5, no_repeat_ngram_size=2,
+                min_output_tokens=6)
+    alone = [client.translate([t], return_tokens=True, **opts).translations[0].hypotheses[0].token_ids
+             for t in texts[:6]]
+    model = server.app.models["multi30k-en-de-small"]
+    with EngineGate(model) as gate, cf.ThreadPoolExecutor(4) as pool:  # everything queued, then one batch
+        mixed = pool.submit(client.translate, texts[:6], return_tokens=True, **opts)
+        others = [pool.submit(client.translate, texts[6:], beam_size=b, repetition_penalty=p)
+                  for b, p in ((1, 1.0), (3, 1.3), (1, 0.8))]
+        assert wait_for(lambda: server.metric("nmt_waiting_requests") == 6 + 3 * 18)
+        gate.open()
+        together = [t.hypotheses[0].token_ids for t in mixed.result().translations]
+        assert all(len(o.result().translations) == 18 for o in others)
+    assert [list(a) for a in alone] == [list(t) for t in together]
+    assert all(len(t) >= 6 for t in together)
+
+
 def test_num_hypotheses_from_beam(client):
     tr = client.translate(["A dog runs on the beach."], beam_size=5, num_hypotheses=3, return_scores=True)
     hyps = tr.translations[0].hypotheses

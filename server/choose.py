@@ -151,10 +151,10 @@ class TokenChooser:
             if ctl_logp is not None:
                 ctl_logp[:, self.suppress] = -np.inf
         rows_ctl = np.flatnonzero(controlled & (c.kind != BEAM))
-        if len(rows_ctl):  # greedy and sampling rows: the processors act on the logits
-            logits[rows_ctl] = self._process(logits[rows_ctl], rows_ctl, c)
+        if len(rows_ctl):  # greedy and sampling rows: the processors act on the logits, in place
+            self._process(logits, rows_ctl, rows_ctl, c)
         if ctl_logp is not None:
-            ctl_logp = self._process(ctl_logp, beam_ctl, c)
+            self._process(ctl_logp, np.arange(len(beam_ctl)), beam_ctl, c)
             if self.renormalize:  # transformers' LogitNormalization, after every processor
                 ctl_logp = ctl_logp - logsumexp(ctl_logp)[:, None]
         greedy = np.flatnonzero(c.kind == GREEDY)
@@ -184,26 +184,27 @@ class TokenChooser:
             self._beam(ctl_logp, np.zeros(len(beam_ctl), np.float32), c, beam_ctl, beam_ids, beam_logp)
         return Choices(token, logprob, beam_ids, beam_logp)
 
-    def _process(self, x: np.ndarray, rows: np.ndarray, c: RowControls) -> np.ndarray:
+    def _process(self, x: np.ndarray, at: np.ndarray, rows: np.ndarray, c: RowControls) -> np.ndarray:
         """The decoding controls on rows' scores (logits, or log-probabilities for beam search), in
-        transformers' order: repetition penalty, no repeated n-gram, bad words (unk), minimum length."""
+        transformers' order: repetition penalty, no repeated n-gram, bad words (unk), minimum length.
+        x[at[j]] holds the scores of slot rows[j]; changed in place (and returned)."""
         # One gather/scatter over every (row, token) pair, not one per row; rows picked with masks
         # (a numpy scalar read per row costs more than the arithmetic).
-        idx = np.arange(len(rows))
-        pen_at = idx[c.penalty[rows] != 1.0]
-        pen = [(j, seen) for j, seen in zip(pen_at.tolist(), map(c.seen.get, rows[pen_at].tolist())) if seen]
-        if pen:
-            at, cols = _pairs(pen)
-            factor = np.repeat(c.penalty[rows[[j for j, _ in pen]]], [len(t) for _, t in pen])
-            v = x[at, cols]
-            x[at, cols] = np.where(v < 0, v * factor, v / factor)
-        ban_at = idx[c.no_repeat[rows] > 0]
-        ban = [(j, b) for j, b in zip(ban_at.tolist(), map(c.banned.get, rows[ban_at].tolist())) if b]
-        if ban:
-            x[_pairs(ban)] = -np.inf
+        pen = c.penalty[rows] != 1.0
+        sel = [(a, seen, f) for a, seen, f in zip(at[pen].tolist(), map(c.seen.get, rows[pen].tolist()),
+                                                  c.penalty[rows[pen]].tolist()) if seen]
+        if sel:
+            where, cols = _pairs([(a, seen) for a, seen, _ in sel])
+            factor = np.repeat([f for _, _, f in sel], [len(seen) for _, seen, _ in sel])
+            v = x[where, cols]
+            x[where, cols] = np.where(v < 0, v * factor, v / factor)
+        ngram = c.no_repeat[rows] > 0
+        pairs = [(a, b) for a, b in zip(at[ngram].tolist(), map(c.banned.get, rows[ngram].tolist())) if b]
+        if pairs:
+            x[_pairs(pairs)] = -np.inf
         if self.unk_id is not None:
-            x[np.flatnonzero(c.ban_unk[rows]), self.unk_id] = -np.inf
-        x[np.flatnonzero(c.ban_eos[rows]), self.eos_id] = -np.inf
+            x[at[c.ban_unk[rows]], self.unk_id] = -np.inf
+        x[at[c.ban_eos[rows]], self.eos_id] = -np.inf
         return x
 
     @staticmethod

@@ -60,6 +60,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     t.add_argument("--top-p", type=float, default=0.0)
     t.add_argument("--seed", type=int)
     t.add_argument("--max-output-tokens", type=int, default=0)
+    t.add_argument("--repetition-penalty", type=float, help="> 1 discourages repeating output tokens (0, 10]")
+    t.add_argument("--no-repeat-ngram-size", type=int, default=0, help="no n-gram of this size twice (0 = off)")
+    t.add_argument("--min-output-tokens", type=int, default=0, help="no end of sentence before this many tokens")
+    t.add_argument("--no-unk", action="store_true", help="never generate the unknown token")
+    t.add_argument("--prefix", default="", help="the translation starts with this text (target_prefix)")
+    t.add_argument("--alternatives", type=int, default=0,
+                   help="print N alternatives at the first position after --prefix, one per line")
     t.add_argument("--json", action="store_true", help="print the whole response as JSON")
     e = sub.add_parser("embed", help="mean-pooled encoder vectors")
     e.add_argument("texts", nargs="+")
@@ -91,7 +98,10 @@ def run(c: TranslatorClient, args: argparse.Namespace) -> int:
     if args.cmd == "translate":
         texts = args.texts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
         decoding = dict(beam_size=args.beam, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                        seed=args.seed, max_output_tokens=args.max_output_tokens)
+                        seed=args.seed, max_output_tokens=args.max_output_tokens,
+                        repetition_penalty=args.repetition_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
+                        min_output_tokens=args.min_output_tokens, no_unknown_token=args.no_unk,
+                        target_prefix=args.prefix, alternatives=args.alternatives)
         if args.stream:
             for text in texts:
                 for msg in c.translate_stream(text, model=args.model, **decoding):
@@ -103,7 +113,8 @@ def run(c: TranslatorClient, args: argparse.Namespace) -> int:
             print(json.dumps(MessageToDict(resp), indent=2, ensure_ascii=False))
         else:
             for tr in resp.translations:
-                print(tr.hypotheses[0].text)
+                for hyp in tr.hypotheses[:max(args.alternatives, 1)]:
+                    print(hyp.text)
     elif args.cmd == "embed":
         resp = c.embed(args.texts, model=args.model, normalize=args.normalize)
         for emb in resp.embeddings:

@@ -122,6 +122,11 @@ def test_client_cli(served):
     assert '"defaultModel": "multi30k-en-de-small"' in run("models").stdout
     bad = run("translate", "--beam", "99", "x")
     assert bad.returncode == 1 and "INVALID_ARGUMENT" in bad.stderr
+    alts = run("translate", "--prefix", "Ein", "--alternatives", "3", "--repetition-penalty", "1.2",
+               "A man is riding a bike.")
+    lines = alts.stdout.splitlines()
+    assert alts.returncode == 0 and len(lines) == 3 and len(set(lines)) == 3, alts.stdout + alts.stderr
+    assert all(line.startswith("Ein") for line in lines)
 
 
 def test_every_setting_has_a_flag_and_an_env_fallback(monkeypatch):

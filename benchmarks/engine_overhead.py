@@ -61,7 +61,7 @@ class Timed:
             self.calls += 1
 
 
-def measure(bundle_path: Path, rows: int, steps: int, mode: str, threads: int) -> dict:
+def measure(bundle_path: Path, rows: int, steps: int, mode: str, threads: int, forced_length: int = 0) -> dict:
     from models.core.bundle import load_bundle
     from server.config import ServerConfig
     from server.hosted import HostedModel
@@ -85,8 +85,12 @@ def measure(bundle_path: Path, rows: int, steps: int, mode: str, threads: int) -
             session.run_with_iobinding = ort_calls[-1]
     update = Timed(sched.update)
     sched.update = update
+    # --forced-length: every request decodes exactly N tokens (EOS banned before), so two modes whose
+    # outputs differ still do the same ONNX Runtime work and their ratio is the cost of the mode alone.
+    length = dict(max_output_tokens=forced_length, min_output_tokens=forced_length) if forced_length else \
+        dict(max_output_tokens=min(360, model.max_output))
     params = DecodingParams(beam_size=beam, temperature=1.0 if mode == "sampling" else 0.0, seed=1,
-                            max_output_tokens=min(360, model.max_output), **controls)
+                            **length, **controls)
     texts = ["A man in a blue shirt is riding a bike down the street.", "Two dogs play in the snow."]
     jobs_per_fill = rows // max(beam, 1)
     produced = [0]
@@ -141,6 +145,8 @@ def main(argv=None) -> int:
     p.add_argument("--mode", type=lambda s: s.split(","), default=["greedy", "sampling", "beam4"],
                    help="greedy, sampling, beamK, controls (greedy + repetition penalty + no repeated 3-grams)")
     p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = default)")
+    p.add_argument("--forced-length", type=int, default=0,
+                   help="every request decodes exactly N tokens (min = max output tokens): equal work across modes")
     p.add_argument("--out", default="", help="append a markdown table here")
     args = p.parse_args(argv)
     from models.core.bundle import newest_version
@@ -154,7 +160,7 @@ def main(argv=None) -> int:
                  "tokens/s |", "|---|---|---|---|---|---|---|---|---|"]
         for mode in args.mode:
             for rows in args.rows:
-                r = measure(path, rows, args.steps, mode, args.threads)
+                r = measure(path, rows, args.steps, mode, args.threads, args.forced_length)
                 lines.append(f"| {mode} | {rows} | {r['mean_rows']:.0f} | {r['wall_ms_per_step']:.2f} | "
                              f"{r['ort_ms_per_step']:.2f} | {r['python_ms_per_step']:.2f} | "
                              f"{r['update_ms_per_step']:.2f} | {100 * r['python_share']:.0f}% | "

@@ -9,7 +9,7 @@ SERVE_EXTRAS ?= serve
 SERVE_ARGS ?=
 TEXT   ?= A man is riding a bike.
 
-.PHONY: install serve test translate clean protos
+.PHONY: install serve test test-fast translate clean protos
 
 install: $(VENV)/.installed
 
@@ -36,6 +36,10 @@ serve: $(VENV)/.serve-installed
 test: install
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
+
+# The fast layer alone (token choice, metrics, tokenizers, attention, documents and markup, the relay): seconds.
+test-fast: install
+	$(PY) -m pytest -q -m unit
 
 translate: install
 	$(PY) -m models.translate "$(TEXT)"

@@ -6,6 +6,8 @@ import torch.nn.functional as F
 from models.attention import (MultiHeadAttention, causal_mask, local_window_mask, masked_softmax,
                               padding_mask, scaled_dot_product_attention)
 
+pytestmark = pytest.mark.unit  # the fast layer: `make test-fast`
+
 
 @pytest.fixture(autouse=True)
 def _seed():

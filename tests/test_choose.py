@@ -17,6 +17,8 @@ import pytest
 from models.core.beam import BeamState, log_softmax, logsumexp
 from server.choose import BEAM, GREEDY, SAMPLE, RowControls, RowHistory, TokenChooser
 
+pytestmark = pytest.mark.unit  # the fast layer: `make test-fast`
+
 V = 300
 
 

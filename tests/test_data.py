@@ -9,6 +9,8 @@ import pytest
 from models import data
 from models.data import ChecksumError, load_pairs, normalize, token_batches
 
+pytestmark = pytest.mark.unit  # the fast layer: `make test-fast`
+
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 needs_shared = pytest.mark.skipif(not (SHARED / "multi30k").exists(), reason="no ../shared/data here")
 

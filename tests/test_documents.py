@@ -32,6 +32,7 @@ ALL_WORDS = lambda s: len(s.split()) <= 6  # noqa: E731 (a budget of six words f
 
 
 # -- pure functions --------------------------------------------------------------------------
+@pytest.mark.unit
 @pytest.mark.parametrize("split", ["on", "newlines", "off"])
 def test_layout_round_trips_byte_for_byte_when_nothing_is_translated(split):
     for text in TRICKY:
@@ -44,6 +45,7 @@ def test_layout_round_trips_byte_for_byte_when_nothing_is_translated(split):
             assert unit.source == unit.source.strip() and translatable(unit.source)
 
 
+@pytest.mark.unit
 def test_sentences_lines_and_passthrough():
     plan = plan_text(TRICKY[0], "on", "en", lambda s: True)
     assert [u.source for u in plan.units] == [
@@ -58,6 +60,7 @@ def test_sentences_lines_and_passthrough():
     assert len(plan_text(TRICKY[0], "off", "en", lambda s: True).units) == 1
 
 
+@pytest.mark.unit
 def test_a_long_sentence_is_cut_at_the_safest_boundary_never_truncated():
     sentence = ("A man in a blue shirt, who is holding a red umbrella, walks down the busy street; "
                 "two dogs follow him and a child waves from the window of an old house")
@@ -69,6 +72,7 @@ def test_a_long_sentence_is_cut_at_the_safest_boundary_never_truncated():
     assert "".join(cut_to_budget(word, lambda s: len(s) <= 8)) == word
 
 
+@pytest.mark.unit
 def test_placeholders_come_back_exactly_once_in_order():
     rng = random.Random(0)
     words = "ein Mann fährt mit dem roten Fahrrad durch die Stadt".split()
@@ -84,6 +88,7 @@ def test_placeholders_come_back_exactly_once_in_order():
             assert back.replace(" ", "") .count("Mann") == translation.count("Mann")
 
 
+@pytest.mark.unit
 def test_an_element_moves_onto_its_recognisable_word():
     _, restore = protect("A man is playing the <b>guitar</b> on stage.")
     assert restore("Ein Mann spielt Gitarre auf der Bühne.") == "Ein Mann spielt <b>Gitarre</b> auf der Bühne."
@@ -115,6 +120,7 @@ HTML_DOC = ("<!DOCTYPE html><html><head><title>A man is riding a bike.</title></
             "</body></html>")
 
 
+@pytest.mark.unit
 def test_html_keeps_markup_and_stays_well_formed():
     plan = plan_html(HTML_DOC, "on", "en", lambda s: True)
     assert plan.source_text() == HTML_DOC
@@ -127,6 +133,7 @@ def test_html_keeps_markup_and_stays_well_formed():
     assert "&amp; &lt;X&gt;" in out and "<script>var s = \"A man.\";</script>" in out
 
 
+@pytest.mark.unit
 def test_html_sentences_run_over_line_wraps():
     doc = "<p>\n  A man in a blue shirt is\n  riding a bike. Two dogs\n  play.\n</p>"
     plan = plan_html(doc, "on", "en", lambda s: True)
@@ -134,6 +141,7 @@ def test_html_sentences_run_over_line_wraps():
     assert plan.source_text() == doc
 
 
+@pytest.mark.unit
 def test_runaway_guard_trips_on_loops_only():
     guard = RunawayGuard()
     normal = [5, 6, 7, 8, 5, 6, 9, 10, 11, 5, 6, 7, 12, 4]

@@ -28,6 +28,7 @@ BLANKS = ["\u00a0", "\u2007", "\u202f", "\u3000", "\u200b", "\ufeff", "\u2060", 
           "\u00a0\u200b\u3000", "\u00ad"]
 
 
+@pytest.mark.unit
 def test_blank_knows_every_unicode_space_and_invisible_character():
     assert all(blank(b) for b in BLANKS) and blank("")
     assert not any(blank(b + "a") for b in BLANKS)
@@ -37,6 +38,7 @@ def test_blank_knows_every_unicode_space_and_invisible_character():
         assert [u.source for u in plan.units] == [s for s in ("A dog.", "A cat.") if s in text]
 
 
+@pytest.mark.unit
 def test_nbsp_text_is_decoded_for_the_model_and_kept_byte_for_byte_around_it():
     plan = plan_html(SPAN, "on", "en", lambda s: len(s.split()) <= 8)  # a budget that forces cuts
     assert plan.source_text() == SPAN
@@ -80,6 +82,7 @@ TRANSLATIONS = st.lists(st.text(alphabet=st.sampled_from(list("Ein Mann fährt.<
                         | st.sampled_from(["", "nicht " * 40, "Ein Hund."]), min_size=0, max_size=50)
 
 
+@pytest.mark.unit
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(fragments(), TRANSLATIONS, st.integers(1, 12), st.sampled_from(["on", "off", "newlines"]))
 def test_markup_skeleton_survives_any_output(fragment, translations, budget, split):

@@ -1,11 +1,15 @@
 """server/metrics.py's BatchHistogram exposes exactly what prometheus_client's Histogram would."""
 import random
 
+import pytest
+
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.exposition import generate_latest
 
 from server.metrics import STEP_BUCKETS, BatchHistogram
+
+pytestmark = pytest.mark.unit  # the fast layer: `make test-fast`
 
 
 def samples(registry) -> dict:

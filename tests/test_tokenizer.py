@@ -4,6 +4,8 @@ import pytest
 from models.core.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from models.core.tokenizer import SubwordTokenizer, normalize, train_tokenizer
 
+pytestmark = pytest.mark.unit  # the fast layer: `make test-fast`
+
 CORPUS = [
     "A man is riding a bike.",
     "Ein Mann fährt Fahrrad.",

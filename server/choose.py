@@ -1,19 +1,26 @@
 """Token choice for one decode step, over every row at once: logits in, plain arrays out.
 
 The engine owns this step; the scheduler never sees logits. It describes each row once per
-step in a `RowControls` (what kind of choice, its sampling settings and noise, a forced token,
-whether its log-probability is read, its beam width) and gets back a `Choices`: the chosen
-token and its log-probability for every greedy or sampling row, and the best 2K
-continuations of every beam row (the top 2K over a request's K rows x vocabulary are always
-among its rows' own top 2K, so beam bookkeeping never needs the whole vocabulary).
+step in a `RowControls` (kind of choice, sampling settings and the row's draw, a forced token,
+whether its log-probability is read, its beam width, the decoding controls) and gets back a
+`Choices`: the chosen token and its log-probability for every greedy or sampling row, and the
+best 2K continuations of every beam row (the top 2K over a request's K rows x vocabulary are
+always among its rows' own top 2K, so beam bookkeeping never needs the whole vocabulary).
 
 Measured before this file (python -m benchmarks.engine_overhead, 2-core AMD EPYC, shipped
 model): the per-row loops around the logits were 53% of an engine step for sampling streams
 (each row copied its vocabulary to float64, exponentiated and summed it alone) and 48% for
 beam 4 (a log_softmax and a partition of K x V per request). Here each pass is one numpy call
-over all the rows that need it. The arithmetic is the per-row code's, element for element
-(float64 tempering, sequential cumsum, the same filters), so seeded sampling gives the same
-tokens as before, alone or in any batch; the row's uniform draw is an input (`noise`).
+over all the rows that need it (docs/benchmarks/engine_overhead.md). Greedy, forced and beam
+choices are the per-row code's; sampling sums the distribution in float32 blocks (a two-level
+inverse-CDF search), so a seeded draw that sits within float32 rounding of a boundary of the
+cumulative distribution may pick the neighbouring token the float64 code picked: a row's draw
+is its own seeded generator's, so a request samples the same alone or in any batch.
+
+The decoding controls (repetition penalty, no repeated n-gram, no unknown token, minimum
+length) act where transformers' logits processors do, in their order: on the logits of greedy
+and sampling rows, on the log-probabilities of beam rows (renormalised after them where the
+model renormalises). `rank` picks a greedy row's k-th best token (CTranslate2's alternatives).
 """
 from __future__ import annotations
 

@@ -26,7 +26,8 @@ from models.core.kv_cache import Row, SlotCache
 from server.errors import Cancelled, DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable
 from server.metrics import Metrics
 from server.request import EmbedJob, ErrorEvent, FinishEvent, FinishReason, GenerationRules, Hypothesis, Job, TokenEvent
-from server.choose import BEAM, SAMPLE, Choices, RowControls, RowHistory, make_rng
+from server.choose import Choices, RowControls, RowHistory, make_rng
+from server.controls import step_controls
 from server.runaway import RunawayGuard
 
 
@@ -172,69 +173,8 @@ class Scheduler:
         self.m.running.set(len(self.running))
 
     def controls(self) -> RowControls:
-        """What the engine must do for each running row this step (kind of choice, sampling settings
-        and the row's draw, a forced token, whether its log-probability is read). No logits here."""
-        c = RowControls.greedy(self.cache.used)
-        force_eos = self.rules.force_eos_at_limit
-        ctl: list[tuple] = []  # (slot, penalty, n-gram size, no unk, no EOS yet): set in one pass at the end
-        for state in self.running:
-            if state.plain:
-                continue
-            job, p = state.job, state.job.params
-            n_forced = len(job.forced)
-            if state.beam is not None:
-                slots = [r.slot for r in state.rows]
-                c.kind[slots], c.beam[slots] = BEAM, p.beam_size
-                n_prefix = len(job.prefix)
-                if state.step < n_forced + n_prefix:
-                    c.forced[slots] = (job.forced + job.prefix)[state.step]
-                elif force_eos and state.step == job.max_len - 1 + n_forced:
-                    c.forced[slots] = self.eos_id
-                if p.controlled:  # beams reorder every step: their histories are read whole
-                    needs_history = p.repetition_penalty != 1.0 or p.no_repeat_ngram_size
-                    self._control(c, ctl, slots, p, state.step - n_forced - n_prefix,
-                                  [RowHistory([self.rules.start_id, *h], p.no_repeat_ngram_size)
-                                   for h in state.beam.history] if needs_history else [])
-                continue
-            for i, live in enumerate(state.live):
-                if not live:
-                    continue
-                slot = state.rows[i].slot
-                if state.step < n_forced:  # a language token: fed back, never an output
-                    c.forced[slot] = job.forced[state.step]
-                    continue
-                c.scored[slot] = state.scored
-                produced = len(state.tokens[i]) - len(job.prefix)  # generated after the target prefix
-                if p.controlled:
-                    self._control(c, ctl, [slot], p, produced, state.histories[i:i + 1])
-                if produced < 0:  # the target prefix: forced, and part of the output
-                    c.forced[slot] = job.prefix[len(state.tokens[i])]
-                elif produced == 0 and p.alternatives:  # the first free position: row i takes the i-th best
-                    c.rank[slot] = i
-                elif force_eos and len(state.tokens[i]) == job.max_len - 1:
-                    c.forced[slot] = self.eos_id
-                elif p.sampling:
-                    c.kind[slot], c.temperature[slot], c.top_k[slot], c.top_p[slot] = \
-                        SAMPLE, p.temperature, p.top_k, p.top_p
-                    c.noise[slot] = state.rngs[i].random()  # one draw per row and step: batch-invariant
-        if ctl:
-            slots, penalty, ngram, unk, eos = zip(*ctl)
-            slots = list(slots)
-            c.penalty[slots], c.no_repeat[slots], c.ban_unk[slots], c.ban_eos[slots] = penalty, ngram, unk, eos
-        return c
-
-    @staticmethod
-    def _control(c: RowControls, ctl: list[tuple], slots: list[int], p, produced: int,
-                 histories: list[RowHistory]) -> None:
-        """A request's decoding controls for its rows: `produced` output tokens so far (forced ones
-        excluded), each row's history as transformers sees it (start token, forced tokens, output)."""
-        row = (p.repetition_penalty, p.no_repeat_ngram_size, p.no_unknown_token, produced < p.min_output_tokens)
-        ctl.extend((slot, *row) for slot in slots)
-        for slot, h in zip(slots, histories):
-            if p.repetition_penalty != 1.0:
-                c.seen[slot] = h.distinct
-            if p.no_repeat_ngram_size:
-                c.banned[slot] = h.banned()
+        """What the engine must do for each running row this step (server/controls.py). No logits here."""
+        return step_controls(self.running, self.cache.used, self.rules)
 
     def update(self, choices: Choices, now: float) -> None:
         """The engine's choices for the rows in slot order, from one decode step."""

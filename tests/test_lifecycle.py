@@ -51,7 +51,7 @@ def served():
         proc.wait(10)
 
 
-# With seed 3 this samples 200 tokens without an end-of-sequence (sampling is batch-invariant and seeded).
+# Sampled (seed 3) for 200 tokens; EOS is banned before that (min_output_tokens), so the stream surely runs.
 LONG_TEXT = "A man in a blue shirt and a woman in a red dress are walking down a busy street in the city."
 
 
@@ -59,7 +59,8 @@ def test_sigterm_drains_in_flight_work_and_refuses_new(served):
     proc, client, _ = served
     assert client.health() == "SERVING" and client.health("nmt.v1.Translator") == "SERVING"
     # Near-uniform sampling rarely ends early: the stream is surely still running at SIGTERM.
-    stream = client.translate_stream(LONG_TEXT, max_output_tokens=200, temperature=5.0, seed=3)
+    stream = client.translate_stream(LONG_TEXT, max_output_tokens=200, min_output_tokens=200,
+                                     temperature=5.0, seed=3)
     first = next(stream)  # in flight
     proc.send_signal(signal.SIGTERM)
     statuses, refused = [], None
@@ -93,7 +94,8 @@ def test_drain_finishes_a_stream_held_mid_decode():
     try:
         with TranslatorClient(srv.target, timeout=60, retries=0) as client, \
                 EngineGate(model, let_through=3) as gate:
-            stream = client.translate_stream(LONG_TEXT, max_output_tokens=200, temperature=5.0, seed=3)
+            stream = client.translate_stream(LONG_TEXT, max_output_tokens=200, min_output_tokens=200,
+                                             temperature=5.0, seed=3)
             first = next(stream)
             stopping = asyncio.run_coroutine_threadsafe(srv.app.stop(), srv.loop)
             assert wait_for(lambda: client.health() == "NOT_SERVING" and not srv.app.service.accepting)

@@ -1,0 +1,78 @@
+"""Scheduler -> engine, once per step: what each running row needs from the token choice.
+
+The scheduler's per-request state (server/scheduler.py's `Running`) becomes one `RowControls`
+(server/choose.py) in slot order: the kind of choice, a sampling row's settings and its own draw
+from its seeded generator (one per step, so a request samples the same in any batch), a forced
+token (a language token, a target prefix, EOS at the length limit), whether the log-probability
+is read, a beam's width, an alternative's rank, and the decoding controls with the history they
+read. Plain greedy requests (`Running.plain`) cost nothing here: the defaults are theirs.
+"""
+from __future__ import annotations
+
+from server.choose import BEAM, SAMPLE, RowControls, RowHistory
+from server.request import GenerationRules
+
+
+def step_controls(running: list, rows: int, rules: GenerationRules) -> RowControls:
+    """What the engine must do for each of `rows` running rows this step: kind of choice, sampling
+    settings and the row's draw, a forced token, whether its log-probability is read, controls."""
+    c = RowControls.greedy(rows)
+    force_eos, eos_id = rules.force_eos_at_limit, rules.eos_id
+    ctl: list[tuple] = []  # (slot, penalty, n-gram size, no unk, no EOS yet): set in one pass at the end
+    for state in running:
+        if state.plain:
+            continue
+        job, p = state.job, state.job.params
+        n_forced = len(job.forced)
+        if state.beam is not None:
+            slots = [r.slot for r in state.rows]
+            c.kind[slots], c.beam[slots] = BEAM, p.beam_size
+            n_prefix = len(job.prefix)
+            if state.step < n_forced + n_prefix:
+                c.forced[slots] = (job.forced + job.prefix)[state.step]
+            elif force_eos and state.step == job.max_len - 1 + n_forced:
+                c.forced[slots] = eos_id
+            if p.controlled:  # beams reorder every step: their histories are read whole
+                needs_history = p.repetition_penalty != 1.0 or p.no_repeat_ngram_size
+                _control(c, ctl, slots, p, state.step - n_forced - n_prefix,
+                              [RowHistory([rules.start_id, *h], p.no_repeat_ngram_size)
+                               for h in state.beam.history] if needs_history else [])
+            continue
+        for i, live in enumerate(state.live):
+            if not live:
+                continue
+            slot = state.rows[i].slot
+            if state.step < n_forced:  # a language token: fed back, never an output
+                c.forced[slot] = job.forced[state.step]
+                continue
+            c.scored[slot] = state.scored
+            produced = len(state.tokens[i]) - len(job.prefix)  # generated after the target prefix
+            if p.controlled:
+                _control(c, ctl, [slot], p, produced, state.histories[i:i + 1])
+            if produced < 0:  # the target prefix: forced, and part of the output
+                c.forced[slot] = job.prefix[len(state.tokens[i])]
+            elif produced == 0 and p.alternatives:  # the first free position: row i takes the i-th best
+                c.rank[slot] = i
+            elif force_eos and len(state.tokens[i]) == job.max_len - 1:
+                c.forced[slot] = eos_id
+            elif p.sampling:
+                c.kind[slot], c.temperature[slot], c.top_k[slot], c.top_p[slot] = \
+                    SAMPLE, p.temperature, p.top_k, p.top_p
+                c.noise[slot] = state.rngs[i].random()  # one draw per row and step: batch-invariant
+    if ctl:
+        slots, penalty, ngram, unk, eos = zip(*ctl)
+        slots = list(slots)
+        c.penalty[slots], c.no_repeat[slots], c.ban_unk[slots], c.ban_eos[slots] = penalty, ngram, unk, eos
+    return c
+
+def _control(c: RowControls, ctl: list[tuple], slots: list[int], p, produced: int,
+             histories: list[RowHistory]) -> None:
+    """A request's decoding controls for its rows: `produced` output tokens so far (forced ones
+    excluded), each row's history as transformers sees it (start token, forced tokens, output)."""
+    row = (p.repetition_penalty, p.no_repeat_ngram_size, p.no_unknown_token, produced < p.min_output_tokens)
+    ctl.extend((slot, *row) for slot in slots)
+    for slot, h in zip(slots, histories):
+        if p.repetition_penalty != 1.0:
+            c.seen[slot] = h.distinct
+        if p.no_repeat_ngram_size:
+            c.banned[slot] = h.banned()

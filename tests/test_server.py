@@ -290,8 +290,12 @@ def test_deadline_frees_the_slot(unguarded):
     server, client = unguarded
     model = server.app.models["multi30k-en-de-small"]
     before = server.metric("nmt_requests_total", missing_ok=True, rpc="Translate", code="DEADLINE_EXCEEDED")
-    with EngineGate(model, let_through=1) as gate:  # running (one step done), then held past the deadline
-        got, _ = code_of(lambda: client.translate(["A dog runs on the beach."], timeout=0.2, **LONG))
+    with EngineGate(model, let_through=1) as gate, cf.ThreadPoolExecutor(1) as pool:
+        # Running (one step done), then held past the deadline; the deadline leaves the request two
+        # seconds to reach the engine, which the test waits for rather than assumes.
+        call = pool.submit(code_of, lambda: client.translate(["A dog runs on the beach."], timeout=2.0, **LONG))
+        assert wait_for(lambda: gate.done == 1 and gate.held.is_set(), timeout=2.0)
+        got, _ = call.result(30)
         assert got == grpc.StatusCode.DEADLINE_EXCEEDED
         assert server.metric("nmt_running_requests") == 1  # still holding its slot: nothing ran since
         gate.step()  # the next iteration drops it (expired, and cancelled by the client's going away)

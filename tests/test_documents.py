@@ -3,12 +3,12 @@ placeholders and HTML preserved, streaming in document order, and the runaway gu
 the pure functions first, then through a real server."""
 from __future__ import annotations
 
-import html.parser
 import random
 import re
 
 import grpc
 import pytest
+from html_corpus import skeleton
 from serving import ServerThread, flickr_sentences
 
 from protos.nmt.v1 import translator_pb2 as pb
@@ -96,22 +96,6 @@ def test_an_element_moves_onto_its_recognisable_word():
     assert restore("Ein rotes Auto und ein Pferd.") == "Ein <i>rotes</i> Auto und ein <b>Pferd</b>."
 
 
-def _tags(markup: str) -> list[tuple]:
-    found = []
-
-    class Collect(html.parser.HTMLParser):
-        def handle_starttag(self, tag, attrs):
-            found.append(("start", tag, tuple(attrs)))
-
-        def handle_endtag(self, tag):
-            found.append(("end", tag))
-
-        def handle_comment(self, data):
-            found.append(("comment", data))
-    Collect().feed(markup)
-    return found
-
-
 HTML_DOC = ("<!DOCTYPE html><html><head><title>A man is riding a bike.</title></head><body>\n"
             "<h1>Two dogs play in the snow.</h1>\n<p class=\"x\" data-v='a>b'>A man in a <b>blue</b> shirt is "
             "<a href=\"/p?a=1&amp;b=2\">walking</a> home. Tom &amp; Jerry are friends.<br>A child smiles.</p>\n"
@@ -129,7 +113,7 @@ def test_html_keeps_markup_and_stays_well_formed():
     assert not any("var s" in s or "Keep" in s or "code." in s or "comment" in s for s in sources)
     assert not any("<" in s for s in sources)  # inline tags never reach the model
     out = plan.render([s.upper() + " & <X>" for s in sources])  # a "translation" with characters to escape
-    assert _tags(out) == _tags(HTML_DOC)  # every tag, attribute and comment, in order
+    assert skeleton(out) == skeleton(HTML_DOC)  # every tag, attribute and comment, in order
     assert "&amp; &lt;X&gt;" in out and "<script>var s = \"A man.\";</script>" in out
 
 
@@ -267,7 +251,7 @@ def test_long_sentences_are_cut_not_refused_and_limits_name_themselves(stub):
 def test_html_through_the_server(stub):
     r = stub.Translate(pb.TranslateRequest(texts=[HTML_DOC], mime_type="text/html"))
     out = r.translations[0].hypotheses[0].text
-    assert _tags(out) == _tags(HTML_DOC)
+    assert skeleton(out) == skeleton(HTML_DOC)
     assert "<script>var s = \"A man.\";</script>" in out and "<pre>  code. here  </pre>" in out
     assert "Keep <i>this</i> text." in out and "A man is riding" not in out
     streamed = "".join(m.delta for m in stub.TranslateStream(

@@ -6,7 +6,7 @@ a partition for top-k, a stable sort for top-p, one running sum over the vocabul
 K x V ranking for beam. The vectorised chooser must give the same greedy and forced tokens,
 log-probabilities and beam continuations on every row of a mixed batch; a sampled token may differ
 from the float64 oracle's only where the row's draw lies within float32 rounding of a boundary of
-the cumulative distribution (the chooser sums in float32 blocks: docs/serving_speed.md). And every
+the cumulative distribution (the chooser sums in float32 blocks: docs/benchmarks/engine_overhead.md). And every
 row chooses the same alone and in any batch. Pure numpy, no model: milliseconds.
 """
 from __future__ import annotations

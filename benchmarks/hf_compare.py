@@ -82,13 +82,13 @@ def prepare(work: Path) -> dict:
 def start(kind: str, paths: dict, args) -> tuple[subprocess.Popen, str]:
     port = free_port()
     if kind == "ours":
-        cmd = [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port), "--metrics-port", "-1",
+        cmd = [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port), "--http-port", "-1", "--metrics-port", "-1",
                "--model-repository", paths["repo"], "--max-queue-size", "4096",
                "--max-batch-size", str(args.max_batch_size),
                "--runaway-guard", "false"]  # random weights with EOS suppressed loop by design
     else:
         cmd = [sys.executable, "-m", "benchmarks.ct2_server", "--model", paths["ct2"], "--bundle", paths["bundle"],
-               "--port", str(port), "--threads", str(args.ct2_threads), "--compute-type", "float32",
+               "--port", str(port), "--http-port", "-1", "--threads", str(args.ct2_threads), "--compute-type", "float32",
                "--max-batch", str(args.max_batch_size)]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), f"127.0.0.1:{port}"
 

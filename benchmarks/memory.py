@@ -350,7 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else flickr_sentences(200)
     port, metrics_port = free_port(), free_port()
     env = dict(os.environ, **({"LD_PRELOAD": args.preload} if args.preload else {}))
-    proc = subprocess.Popen([sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port), "--http-port", "-1",
                              "--metrics-port", str(metrics_port), "--model-repository", args.repository,
                              *server_flags], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

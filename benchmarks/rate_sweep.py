@@ -85,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     port, metrics_port = free_port(), free_port()
-    server = subprocess.Popen([sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port),
+    server = subprocess.Popen([sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port), "--http-port", "-1",
                                "--metrics-port", str(metrics_port), *args.server_flags.split()],
                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     result_path = out.with_suffix(".json")

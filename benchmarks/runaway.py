@@ -104,7 +104,7 @@ def server_check(texts: list[str], refs: list[str], bundle: Path) -> list[str]:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
-        proc = subprocess.Popen([sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port),
+        proc = subprocess.Popen([sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port), "--http-port", "-1",
                                  "--metrics-port", "-1", "--runaway-guard", guard, "--max-queue-size", "4096",
                                  "--max-sentences-per-request", "64", "--model-repository", str(bundle.parent.parent),
                                  "--default-model", bundle.parent.name], cwd=ROOT,

@@ -58,12 +58,12 @@ def start(kind: str, prec: str, paths: dict, args) -> tuple[subprocess.Popen, st
     port = free_port()
     if kind in ("ours", "before"):
         flags = args.ours_flags if kind == "ours" else args.before_flags
-        cmd = [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port), "--metrics-port", "-1",
+        cmd = [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port), "--http-port", "-1", "--metrics-port", "-1",
                "--model-repository", paths["repo"], "--variant", prec, "--max-queue-size", "4096",
                "--max-batch-size", str(args.max_batch_size), *flags.split()]
     else:
         cmd = [sys.executable, "-m", "benchmarks.ct2_server", "--model", paths["ct2"], "--tokenizer",
-               paths["tokenizer"], "--port", str(port), "--threads", str(args.ct2_threads),
+               paths["tokenizer"], "--port", str(port), "--http-port", "-1", "--threads", str(args.ct2_threads),
                "--compute-type", "int8" if prec == "int8" else "float32", "--max-batch", str(args.max_batch_size)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return proc, f"127.0.0.1:{port}"

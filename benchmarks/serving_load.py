@@ -173,7 +173,7 @@ async def inprocess(args, texts) -> dict:
 async def through_grpc(args, texts) -> dict:
     from client.client import AsyncTranslatorClient
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port), "--http-port", "-1",
                              "--metrics-port", "-1", *server_flags(args)], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

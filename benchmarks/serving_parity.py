@@ -115,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows, failed = [], False
     for decoder in args.decoders:
         port = free_port()
-        proc = subprocess.Popen([sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port),
+        proc = subprocess.Popen([sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port), "--http-port", "-1",
                                  "--metrics-port", "-1", "--decoder", decoder, "--max-queue-size", "4096",
                                  # The reference has no runaway guard; what the guard changes (loops only)
                                  # is measured by benchmarks/runaway.py.

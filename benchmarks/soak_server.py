@@ -40,7 +40,7 @@ class ServerProcess:
         self.log_path = log_path
         self._log = open(log_path, "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(self.port),
+            [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(self.port), "--http-port", "-1",
              "--metrics-port", str(self.metrics_port), *flags],
             cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT)
 

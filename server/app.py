@@ -14,7 +14,10 @@ from models.core.bundle import discover
 from protos.nmt.v1 import translator_pb2 as pb
 from server.config import ServerConfig
 from server.errors import Unavailable
+from server.gateway import Gateway
 from server.hosted import HostedModel
+from server.http.app import HttpFrontend
+from server.http.edge import Edge
 from server.lifecycle import Health, enable_reflection, server_options
 from server.metrics import Metrics
 from server.observability import tracing
@@ -41,6 +44,8 @@ class TranslationServer:
         self.health = Health(("", SERVICE_NAME))  # readiness names; the "liveness" entry stays up while draining
         self.port = 0
         self.metrics_port = 0
+        self.http_port = 0
+        self.http: Optional[HttpFrontend] = None  # the HTTP/JSON port (server/http/), unless --http-port -1
         self._metrics_http = None
         self._stopped = asyncio.Event()
         self._hurry = asyncio.Event()  # a second stop request ends the lame-duck period early
@@ -90,12 +95,21 @@ class TranslationServer:
         if cfg.metrics_port >= 0:
             self._metrics_http = self.metrics.serve(cfg.metrics_port, cfg.metrics_host or cfg.host)
             self.metrics_port = self._metrics_http[0].server_port
+        self.service.quota_of = self.security.quota_of
         await self.server.start()
+        if cfg.http_port >= 0:
+            await loop.run_in_executor(None, self.service.identifier.warm)  # the language model: ~0.1 s, once
+            edge = Edge(Gateway(self.service, self.security.interceptor), self.service, self.metrics,
+                        self.service.identifier, cfg.max_request_bytes, cfg.http_body_timeout_s, self.security.keys)
+            self.http = HttpFrontend(edge, self.health, cfg)
+            self.http_port = await self.http.start(cfg.http_host or cfg.host, cfg.http_port)
         self.security.watch_reload_signal(asyncio.get_running_loop())  # SIGHUP: reload --api-keys-file
         await self.health.serving()
-        log.info("serving %s on port %d (metrics on %s)", sorted(self.models), self.port, self.metrics_port or "-",
+        log.info("serving %s on port %d (HTTP on %s, metrics on %s)", sorted(self.models), self.port,
+                 self.http_port or "-", self.metrics_port or "-",
                  extra={"event": "serving", "models": sorted(self.models), "default_model": default,
-                        "grpc_port": self.port, "metrics_port": self.metrics_port or None,
+                        "grpc_port": self.port, "http_port": self.http_port or None,
+                        "metrics_port": self.metrics_port or None,
                         "build": self.metrics.build, "config": config_summary(cfg)})
         self._watchdog = asyncio.create_task(self._watch())
         return self.port
@@ -152,6 +166,8 @@ class TranslationServer:
         loop = asyncio.get_running_loop()
         await asyncio.gather(*(loop.run_in_executor(None, m.stop, grace) for m in self.models.values()))
         await self.server.stop(1.0)
+        if self.http is not None:
+            await self.http.stop()
         self.executor.shutdown(wait=False, cancel_futures=True)
         if self._metrics_http:
             self._metrics_http[0].shutdown()

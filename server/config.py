@@ -32,6 +32,13 @@ HELP = {
     "host": "address to bind the gRPC port (and the metrics port) to",
     "port": "gRPC port; 0 picks a free one",
     "metrics_port": "Prometheus /metrics port; 0 picks a free one, -1 turns the endpoint off",
+    "http_port": "HTTP/JSON port: the native API (/v1/...), DeepL- (/v2/...) and LibreTranslate-compatible "
+                 "endpoints, /healthz and /readyz (docs/http.md); 0 picks a free one, -1 turns HTTP off",
+    "http_host": "address to bind the HTTP port to; empty = --host",
+    "http_keepalive_s": "HTTP: close a keep-alive connection idle this many seconds; >= 1",
+    "http_max_connections": "HTTP: connections (and requests) at once; beyond, new ones get 503; >= 1",
+    "http_max_header_bytes": "HTTP: largest request line plus headers; larger ones get 400 unread; >= 1024",
+    "http_body_timeout_s": "HTTP: a request body must arrive within this many seconds (slow senders get 408); > 0",
     "model_repository": "folder of <model>/<version>/ bundles to serve (all of them); default: the checkout's "
                         "model_repository, else ./model_repository, else the bundle installed with the package",
     "default_model": "model for requests that name none; empty = the first by name",
@@ -59,7 +66,8 @@ HELP = {
     "runaway_min_span": "runaway guard: a loop is one n-gram (1-6 tokens) repeated back to back over at least "
                         "this many tokens (and at least 3 times); >= 2",
     "runaway_length_ratio": "runaway guard: stop past this many output tokens per source token (+16); > 0",
-    "max_request_bytes": "largest request message accepted (bigger ones get RESOURCE_EXHAUSTED unparsed); >= 1",
+    "max_request_bytes": "largest request message accepted (bigger ones get RESOURCE_EXHAUSTED unparsed; HTTP "
+                         "bodies 413); >= 1",
     "max_source_tokens": "source tokens per text (capped by the model's positions); >= 1",
     "max_output_tokens": "generated tokens per text (capped by the model's positions); >= 1",
     "max_beam_size": "largest beam_size a request may ask for; >= 1",
@@ -87,7 +95,7 @@ HELP = {
     "tls_key_file": "PEM private key (unencrypted) of --tls-cert-file",
     "tls_client_ca_file": "PEM CA certificate(s): mutual TLS, every client must present a certificate they signed",
     "api_keys_file": "API keys: lines 'KEY_ID SHA256_HEX [models=a,b] [rpm=N] [tpm=N] [input_tpm=N] "
-                     "[output_tpm=N]'; clients send 'authorization: Bearer KEY'; reloaded on SIGHUP; empty = no auth",
+                     "[output_tpm=N] [characters=N]'; clients send 'authorization: Bearer KEY'; reloaded on SIGHUP; empty = no auth",
     "auth_health_and_reflection": "require an API key for grpc.health.v1 and reflection too (true/false)",
     "auth_metrics_max_keys": "distinct key ids labelled in nmt_auth_requests_total; later ones count as 'other'; "
                              ">= 0",
@@ -104,6 +112,12 @@ class ServerConfig:
     host: str = "0.0.0.0"
     port: int = 50051
     metrics_port: int = 9090  # -1 = no metrics endpoint, 0 = any free port
+    http_port: int = 8080  # -1 = no HTTP port, 0 = any free port
+    http_host: str = ""  # empty = --host
+    http_keepalive_s: int = 5
+    http_max_connections: int = 1000
+    http_max_header_bytes: int = 16384
+    http_body_timeout_s: float = 30.0
     model_repository: str = str(DEFAULT_REPOSITORY)
     default_model: str = ""  # empty = the first model by name
     variant: str = "fp32"  # fp32 | int8 | fp16
@@ -201,6 +215,10 @@ class ServerConfig:
             out.append(f"--max-encode-padding must be in [0, 1) (got {self.max_encode_padding})")
         if self.max_queue_delay_ms < 0 or self.grace_period_s < 0 or self.watchdog_s <= 0:
             out.append("--max-queue-delay-ms and --grace-period-s must be >= 0, --watchdog-s > 0")
+        if self.http_port < -1 or self.http_keepalive_s < 1 or self.http_max_connections < 1 \
+                or self.http_max_header_bytes < 1024 or not self.http_body_timeout_s > 0:
+            out.append("--http-port must be >= -1, --http-keepalive-s and --http-max-connections >= 1, "
+                       "--http-max-header-bytes >= 1024, --http-body-timeout-s > 0")
         if self.lame_duck_s < 0:
             out.append(f"--lame-duck-s must be >= 0 (got {self.lame_duck_s})")
         for name in ("max_connection_age_ms", "max_connection_age_grace_ms", "keepalive_time_ms",

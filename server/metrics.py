@@ -75,6 +75,15 @@ class Metrics:
         self.auth_reloads = Counter("nmt_auth_key_reloads_total", "Reloads of --api-keys-file (SIGHUP) by result: "
                                     "ok, or error (the old keys stay).", ["result"], registry=r)
 
+        # The HTTP APIs (server/http/): every HTTP request by API (native, deepl, libretranslate, health), the
+        # operation it asked for and its HTTP status; the translation calls among them are also counted in
+        # nmt_requests_total by RPC and gRPC code, as the gRPC ones are (they run the same servicer).
+        self.http_requests = Counter("nmt_http_requests_total", "HTTP requests by API, operation and HTTP status.",
+                                     ["api", "operation", "status"], registry=r)
+        self.language_detections = Counter("nmt_language_detections_total", "Source languages detected for texts "
+                                           "sent without one, by detected language ('unserved' when no model "
+                                           "translates from it).", ["language"], registry=r)
+
         # Observability (docs/observability.md): the process (CPU, memory, open files, start time), the
         # interpreter and its garbage collector, as prometheus_client exports them on its default registry,
         # here on the server's own; and what is running: build and models, as labels of a gauge set to 1.

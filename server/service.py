@@ -24,7 +24,9 @@ from server.documents.assemble import DocumentResult, DocumentStream, assemble
 from server.documents.plan import MIME_PLAIN, SPLIT_NEWLINES, SPLIT_OFF, SPLIT_ON, DocumentOptions, Plan
 from server.errors import InvalidArgument, NotFound, ServiceError, Unavailable, bounded, shown
 from server.hosted import HostedModel
+from server.language_id import Detection, LanguageIdentifier, route
 from server.metrics import Metrics
+from server.security.usage import CharacterUsage
 from server.observability import calls
 from server.relay import relay_for
 from server.request import DecodingParams, ErrorEvent, Event, FinishEvent, FinishReason, TokenEvent
@@ -169,6 +171,9 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         self.executor = executor
         self.accepting = True
         self.tracer = None  # an RpcTracer when tracing is on (server/observability/tracing.py)
+        self.identifier = LanguageIdentifier()  # requests that name no source language (server/language_id.py)
+        self.usage = CharacterUsage()  # characters per API key, and their quota (server/security/usage.py)
+        self.quota_of: Callable[[str], int] = lambda key_id: 0  # a key id's character quota; the app sets it
 
     # -- the one place for status codes and request metrics ------------------------
     async def _guard(self, rpc: str, request, context, work: Callable[[], Awaitable]):
@@ -212,20 +217,45 @@ class TranslatorService(pb_grpc.TranslatorServicer):
                 if self.models[candidate].serves(source_language, target_language):
                     calls.note(model=candidate)
                     return self.models[candidate]
-            served = "; ".join(f"{n}: {m.describe_languages()}" for n, m in sorted(self.models.items()))
             raise InvalidArgument(f"no loaded model translates {shown(source_language or '*')}->"
-                                  f"{shown(target_language or '*')}; served: {served}")
+                                  f"{shown(target_language or '*')}; served: {self.served()}")
         model = self.models.get(name or self.default)
         if model is None:
             raise NotFound(f"unknown model {shown(name)}; loaded: {sorted(self.models)}")
         calls.note(model=model.name)
         return model
 
-    def model_name_for(self, name: str, source_language: str = "", target_language: str = "") -> str:
+    def served(self) -> str:
+        return "; ".join(f"{n}: {m.describe_languages()}" for n, m in sorted(self.models.items()))
+
+    def detects(self, name: str, source_language: str) -> bool:
+        """A request is routed by its detected language when it names neither a model nor a source
+        language and several models are loaded (with one, its source language is the default)."""
+        return not name and not source_language and len(self.models) > 1
+
+    def route(self, name: str, source_language: str, target_language: str, texts, mime_type: str = ""
+              ) -> tuple[HostedModel, str, Optional[Detection]]:
+        """(model, source language, the detection it came from or None). The detection is refused when
+        the texts are confidently in a language no model serving the target translates from."""
+        if not self.detects(name, source_language) or not any(t.strip() for t in texts):
+            return self._model(name, source_language, target_language), source_language, None
+        found = self.identifier.detect_all(texts, html="html" in mime_type.lower())
+        served = sorted({s for m in self.models.values() for s, t in m.bundle.languages.pairs
+                         if not target_language or t == target_language})
+        language = route(found, served)
+        self.metrics.language_detections.labels(found.language if language else "unserved").inc()
+        if language is None:
+            raise InvalidArgument(f"the text is in {shown(found.language)} (detected, confidence "
+                                  f"{found.confidence:.2f}); no loaded model translates it"
+                                  f"{' into ' + shown(target_language) if target_language else ''}: "
+                                  f"send source_language, or use one of: {self.served()}")
+        return self._model("", language, target_language), language, found
+
+    def model_name_for(self, name: str, source_language: str = "", target_language: str = "", texts=()) -> str:
         """The model a request would run on, for API-key permissions (server/security/auth.py): the
         default model when it names none; the name as sent when none resolves (the RPC then fails)."""
         try:
-            return self._model(name, source_language, target_language).name
+            return self.route(name, source_language, target_language, texts)[0].name
         except ServiceError:
             return name
 
@@ -241,6 +271,11 @@ class TranslatorService(pb_grpc.TranslatorServicer):
             raise InvalidArgument(f"{len(long)} text(s) longer than {self.max_text_chars} characters "
                                   f"(first: texts[{long[0]}], {len(texts[long[0]])} characters)")
         return list(texts)
+
+    def _charge(self, texts: list[str]) -> None:
+        """The caller's key pays the texts' characters (DeepL's billing unit), or its quota refuses them."""
+        key_id = calls.caller_key_id()
+        self.usage.charge(key_id, sum(map(len, texts)), self.quota_of(key_id))
 
     async def _off_loop(self, fn, *args, **kwargs):
         # In the call's context: log lines written there carry its request id.
@@ -269,10 +304,12 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         return plans, labels
 
     async def _translate(self, request: pb.TranslateRequest, context) -> pb.TranslateResponse:
-        model = self._model(request.model, request.source_language, request.target_language)
         texts = self._texts(request.texts)
-        params, languages = decoding_params(request.options), (request.source_language, request.target_language)
+        model, source, detected = self.route(request.model, request.source_language, request.target_language, texts,
+                                             request.mime_type)
+        params, languages = decoding_params(request.options), (source, request.target_language)
         plans, labels = await self._plan(model, texts, request.split_sentences, request.mime_type, languages, params)
+        self._charge(texts)
         sources = [unit.source for plan in plans for unit in plan.units]
         firsts = [j == 0 for plan in plans for j in range(len(plan.units))]  # a target prefix starts each text
         futures, sinks = _futures(len(sources))
@@ -283,6 +320,8 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         results: list[FinishEvent] = await _run(model, jobs, futures) if jobs else []
         calls.decoded(results)
         out = pb.TranslateResponse(model=model.name)
+        if detected is not None:
+            out.detected_source_language, out.detection_confidence = source, dict(detected.ranked).get(source, 0.0)
         start = 0
         for plan in plans:
             done = results[start:start + len(plan.units)]
@@ -322,14 +361,16 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         await self._guard("TranslateStream", request, context, produce)
 
     async def _stream(self, request: pb.TranslateStreamRequest, context) -> AsyncIterator:
-        model = self._model(request.model, request.source_language, request.target_language)
-        params, languages = decoding_params(request.options), (request.source_language, request.target_language)
+        texts = self._texts([request.text] if request.text else [])
+        model, source, detected = self.route(request.model, request.source_language, request.target_language, texts,
+                                             request.mime_type)
+        params, languages = decoding_params(request.options), (source, request.target_language)
         if params.num_hypotheses != 1 or params.alternatives:
             raise InvalidArgument("streaming returns one hypothesis: num_hypotheses must be 0 or 1, "
                                   "alternatives 0")
-        texts = self._texts([request.text] if request.text else [])
         (plan,), labels = await self._plan(model, texts, request.split_sentences, request.mime_type, languages,
                                            params)
+        self._charge(texts)
         events: asyncio.Queue = asyncio.Queue()
         relay = relay_for(asyncio.get_running_loop())
         sinks = [relay.sink(partial(_tagged, events.put_nowait, i)) for i in range(len(labels))]
@@ -363,7 +404,8 @@ class TranslatorService(pb_grpc.TranslatorServicer):
             yield pb.TranslateStreamResponse(
                 delta=delta, token_ids=unsent, final=True, finish_reason=FINISH[res.reason],
                 input_tokens=res.input_tokens, output_tokens=res.output_tokens, timings=timings(res.timing),
-                model=model.name)
+                model=model.name, detected_source_language=source if detected else "",
+                detection_confidence=dict(detected.ranked).get(source, 0.0) if detected else 0.0)
         finally:
             calls.note(output_tokens=sum(map(len, doc.ids)))  # decoded so far, if the stream was cut short
             if not doc.done:

@@ -8,6 +8,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+# Servers the tests start as processes bind their HTTP port (default 8080) to any free port instead:
+# several run at once, and 8080 may be taken on a developer's machine.
+os.environ.setdefault("NMT_HTTP_PORT", "0")
+
 # Under NMT_REQUIRE_TOOLS=1 (set by .ci/run) a skipped test is a failed test: missing data
 # (../shared/data), a missing extra (ctranslate2, transformers...) or a missing tool (promtool,
 # nginx, haproxy) must not pass CI as a quiet skip. Only what CI's machine cannot have may skip:

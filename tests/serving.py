@@ -25,7 +25,7 @@ class ServerThread:
     """A TranslationServer on its own event loop in a daemon thread, on free loopback ports."""
 
     def __init__(self, **overrides):
-        defaults = dict(host="127.0.0.1", port=0, metrics_port=0, model_repository=str(REPOSITORY),
+        defaults = dict(host="127.0.0.1", port=0, metrics_port=0, http_port=0, model_repository=str(REPOSITORY),
                         intra_op_threads=int(os.environ.get("NMT_TEST_THREADS", "0")))
         self.cfg = ServerConfig(**{**defaults, **overrides})
         self.app = TranslationServer(self.cfg)
@@ -58,6 +58,11 @@ class ServerThread:
     @property
     def target(self) -> str:
         return f"127.0.0.1:{self.app.port}"
+
+    @property
+    def http(self) -> str:
+        """The HTTP port's base URL."""
+        return f"http://127.0.0.1:{self.app.http_port}"
 
     def stop(self, grace: float = 5.0) -> None:
         async def shutdown():

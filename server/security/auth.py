@@ -140,9 +140,10 @@ def _stand_in(handler: grpc.RpcMethodHandler, refuse: Callable) -> grpc.RpcMetho
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):
-    """resolve_model(name, source_language, target_language) -> the model the service would use."""
+    """resolve_model(name, source_language, target_language, texts) -> the model the service would use
+    (texts: a request without a source language is routed by the language they are in)."""
 
-    def __init__(self, keys: KeyStore, metrics, service_name: str, resolve_model: Callable[[str, str, str], str],
+    def __init__(self, keys: KeyStore, metrics, service_name: str, resolve_model: Callable[..., str],
                  limiter: Optional[RateLimiter] = None, protect_open_services: bool = False, max_key_labels: int = 100):
         self.keys, self.metrics, self.service_name = keys, metrics, service_name
         self.resolve_model, self.limiter = resolve_model, limiter or RateLimiter()
@@ -196,8 +197,9 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         """Model permission and rate limits; returns the charged estimate (None: nothing to settle)."""
         parsed = not isinstance(request, Malformed)  # a malformed request goes on to INVALID_ARGUMENT
         if parsed and key.models is not None and hasattr(request, "model"):
+            texts = list(getattr(request, "texts", ())) or [getattr(request, "text", "")]
             model = self.resolve_model(request.model, getattr(request, "source_language", ""),
-                                       getattr(request, "target_language", ""))
+                                       getattr(request, "target_language", ""), texts)
             if not key.allows(model):
                 message = bounded(f"API key {key.key_id!r} may not use model {shown(model)}; "
                                   f"it may use {sorted(key.models)}")

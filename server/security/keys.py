@@ -2,7 +2,10 @@
 
 The file holds one key per line:
 
-    KEY_ID SHA256_HEX [models=a,b|*] [rpm=N] [tpm=N] [input_tpm=N] [output_tpm=N]
+    KEY_ID SHA256_HEX [models=a,b|*] [rpm=N] [tpm=N] [input_tpm=N] [output_tpm=N] [characters=N]
+
+(`characters`: the key's character quota, DeepL's character_limit: texts translated beyond it
+are refused; counted per server process since it started, see server/security/usage.py.)
 
 Blank lines and `#` comments (whole-line or trailing) are ignored. The server never
 sees a plain key at rest: a leaked key file (a backup, a ConfigMap dump, a log of
@@ -34,20 +37,24 @@ log = logging.getLogger(__name__)
 KEY_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 HEX_DIGEST = re.compile(r"[0-9a-fA-F]{64}\Z")
 RESERVED_IDS = {"other"}  # the metrics label for ids beyond the label cap
-LIMIT_FIELDS = ("rpm", "tpm", "input_tpm", "output_tpm")
+RATE_FIELDS = ("rpm", "tpm", "input_tpm", "output_tpm")
+LIMIT_FIELDS = RATE_FIELDS + ("characters",)
 KEY_PREFIX = "nmt_"  # generated keys are recognisable in a secret scanner's rules
 
 
 @dataclass(frozen=True)
 class Limits:
-    """Per-key budgets per minute; 0 = unlimited. tpm counts input and output tokens together."""
+    """Per-key budgets per minute, and a character quota; 0 = unlimited. tpm counts input and output
+    tokens together."""
     rpm: int = 0
     tpm: int = 0
     input_tpm: int = 0
     output_tpm: int = 0
+    characters: int = 0
 
     @property
     def any(self) -> bool:
+        """Any per-minute rate limit (the token buckets of ratelimit.py)."""
         return any((self.rpm, self.tpm, self.input_tpm, self.output_tpm))
 
 

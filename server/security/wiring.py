@@ -50,7 +50,7 @@ class Security:
                 # Legitimate behind a TLS-terminating proxy on the same host; otherwise keys cross the wire in clear.
                 log.warning("API keys without --tls-cert-file: keys travel in plaintext unless a proxy terminates TLS")
 
-    def interceptors(self, service_name: str, resolve_model: Callable[[str, str, str], str]) -> list:
+    def interceptors(self, service_name: str, resolve_model: Callable[..., str]) -> list:
         if self.keys is None:
             return []
         self.interceptor = AuthInterceptor(self.keys, self.metrics, service_name, resolve_model, self.limiter,
@@ -63,6 +63,12 @@ class Security:
             missing = sorted((key.models or set()) - set(served))
             if missing:
                 log.warning("API key %s names models not served here: %s", key.key_id, missing)
+
+    def quota_of(self, key_id: str) -> int:
+        """The character quota of a key id (0: none, or no such key)."""
+        if self.keys is None:
+            return 0
+        return next((k.limits.characters for k in self.keys.table.keys if k.key_id == key_id), 0)
 
     def bind(self, server: grpc.aio.Server, address: str) -> int:
         """Bind the port: TLS only when configured (no plaintext listener beside it)."""

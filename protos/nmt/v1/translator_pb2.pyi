@@ -124,12 +124,16 @@ class Translation(_message.Message):
     def __init__(self, hypotheses: _Optional[_Iterable[_Union[Hypothesis, _Mapping]]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., sentences: _Optional[int] = ...) -> None: ...
 
 class TranslateResponse(_message.Message):
-    __slots__ = ("model", "translations")
+    __slots__ = ("model", "translations", "detected_source_language", "detection_confidence")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TRANSLATIONS_FIELD_NUMBER: _ClassVar[int]
+    DETECTED_SOURCE_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    DETECTION_CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
     model: str
     translations: _containers.RepeatedCompositeFieldContainer[Translation]
-    def __init__(self, model: _Optional[str] = ..., translations: _Optional[_Iterable[_Union[Translation, _Mapping]]] = ...) -> None: ...
+    detected_source_language: str
+    detection_confidence: float
+    def __init__(self, model: _Optional[str] = ..., translations: _Optional[_Iterable[_Union[Translation, _Mapping]]] = ..., detected_source_language: _Optional[str] = ..., detection_confidence: _Optional[float] = ...) -> None: ...
 
 class TranslateStreamRequest(_message.Message):
     __slots__ = ("model", "text", "options", "source_language", "target_language", "split_sentences", "mime_type")
@@ -150,7 +154,7 @@ class TranslateStreamRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., text: _Optional[str] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., source_language: _Optional[str] = ..., target_language: _Optional[str] = ..., split_sentences: _Optional[_Union[SplitSentences, str]] = ..., mime_type: _Optional[str] = ...) -> None: ...
 
 class TranslateStreamResponse(_message.Message):
-    __slots__ = ("delta", "token_ids", "final", "finish_reason", "input_tokens", "output_tokens", "timings", "model")
+    __slots__ = ("delta", "token_ids", "final", "finish_reason", "input_tokens", "output_tokens", "timings", "model", "detected_source_language", "detection_confidence")
     DELTA_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     FINAL_FIELD_NUMBER: _ClassVar[int]
@@ -159,6 +163,8 @@ class TranslateStreamResponse(_message.Message):
     OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    DETECTED_SOURCE_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    DETECTION_CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
     delta: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     final: bool
@@ -167,7 +173,9 @@ class TranslateStreamResponse(_message.Message):
     output_tokens: int
     timings: Timings
     model: str
-    def __init__(self, delta: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., final: _Optional[bool] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., model: _Optional[str] = ...) -> None: ...
+    detected_source_language: str
+    detection_confidence: float
+    def __init__(self, delta: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., final: _Optional[bool] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., model: _Optional[str] = ..., detected_source_language: _Optional[str] = ..., detection_confidence: _Optional[float] = ...) -> None: ...
 
 class EmbedRequest(_message.Message):
     __slots__ = ("model", "texts", "normalize")

@@ -1,0 +1,119 @@
+"""The HTTP port: the native JSON API, DeepL- and LibreTranslate-compatible endpoints, and health probes.
+
+Starlette (routing, requests, streamed responses) served by uvicorn, on the server's own event
+loop beside grpc.aio: both are asyncio, so the HTTP handlers await the same servicer through the
+in-process gateway (server/gateway.py) with no thread hop and no second copy of any state.
+Chosen over FastAPI (its value is pydantic models and generated docs; the request shapes here are
+protobuf messages and two external APIs with their own quirks, and the OpenAPI description is
+derived from the protobuf descriptors) and over aiohttp (uvicorn + Starlette are the most used
+ASGI pair, with h11's strict HTTP/1.1 parsing and header size limits).
+
+Probes: GET /healthz is liveness (200 while the engine lives; 503 once the watchdog declared it
+failed), GET /readyz is readiness (200 SERVING; 503 while starting, in lame duck and draining),
+following the gRPC health states.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from typing import Optional
+
+import uvicorn
+from grpc_health.v1 import health_pb2
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from server.http.deepl import DeepLApi
+from server.http.edge import Edge
+from server.http.libre import LibreTranslateApi
+from server.http.native import NativeApi, error_response
+
+log = logging.getLogger(__name__)
+SERVING = health_pb2.HealthCheckResponse.SERVING
+
+
+class HttpFrontend:
+    def __init__(self, edge: Edge, health, cfg):
+        self.edge, self.health, self.cfg = edge, health, cfg
+        self.port = 0
+        self._server: Optional[uvicorn.Server] = None
+        self._task: Optional[asyncio.Task] = None
+        routes = [Route("/healthz", self.healthz, methods=["GET", "HEAD"]),
+                  Route("/readyz", self.readyz, methods=["GET", "HEAD"])]
+        for api in (NativeApi(edge), DeepLApi(edge), LibreTranslateApi(edge)):
+            routes += api.routes()
+        self.app = Starlette(routes=routes, exception_handlers={404: self._not_found, 405: self._not_allowed,
+                                                                Exception: self._bug})
+
+    # -- probes -------------------------------------------------------------------------
+    def _status(self, service: str) -> int:
+        return getattr(self.health, "_server_status", {}).get(service, health_pb2.HealthCheckResponse.UNKNOWN)
+
+    async def healthz(self, request: Request) -> Response:
+        from server.lifecycle import LIVENESS
+        ok = self._status(LIVENESS) == SERVING
+        return self.edge.count("health", "healthz", JSONResponse({"status": "SERVING" if ok else "NOT_SERVING"},
+                                                                 status_code=200 if ok else 503))
+
+    async def readyz(self, request: Request) -> Response:
+        ok = self._status("") == SERVING
+        return self.edge.count("health", "readyz", JSONResponse({"status": "SERVING" if ok else "NOT_SERVING"},
+                                                                status_code=200 if ok else 503))
+
+    # -- errors outside any endpoint ------------------------------------------------------
+    async def _not_found(self, request: Request, exc) -> Response:
+        return error_response(404, "NOT_FOUND", f"no endpoint {request.url.path!r}; see /openapi.json")
+
+    async def _not_allowed(self, request: Request, exc) -> Response:
+        return error_response(405, "UNIMPLEMENTED", f"{request.method} is not allowed on {request.url.path!r}")
+
+    async def _bug(self, request: Request, exc: Exception) -> Response:
+        log.exception("HTTP %s %s failed", request.method, request.url.path, exc_info=exc)
+        return error_response(500, "INTERNAL", f"internal error ({type(exc).__name__}); see the server log")
+
+    # -- lifecycle ----------------------------------------------------------------------
+    async def start(self, host: str, port: int) -> int:
+        cfg = self.cfg
+        tls = dict(ssl_certfile=cfg.tls_cert_file, ssl_keyfile=cfg.tls_key_file) if cfg.tls_cert_file else {}
+        if cfg.tls_cert_file and cfg.tls_client_ca_file:
+            tls.update(ssl_ca_certs=cfg.tls_client_ca_file, ssl_cert_reqs=ssl.CERT_REQUIRED)
+        config = uvicorn.Config(self.app, host=host, port=port, log_config=None, access_log=False, lifespan="off",
+                                timeout_keep_alive=cfg.http_keepalive_s, limit_concurrency=cfg.http_max_connections,
+                                h11_max_incomplete_event_size=cfg.http_max_header_bytes, server_header=False, **tls)
+        self._server = uvicorn.Server(config)
+        # uvicorn's serve() takes over SIGINT/SIGTERM; the server's own handlers drain gRPC and HTTP together.
+        self._server.capture_signals = _no_signal_capture
+        self._task = asyncio.create_task(self._server.serve())
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()  # the bind failed: raise its error
+                raise RuntimeError("the HTTP server stopped during start-up")
+            await asyncio.sleep(0.01)
+        self.port = self._server.servers[0].sockets[0].getsockname()[1]
+        return self.port
+
+    async def stop(self) -> None:
+        """Stop accepting; requests in flight finish (they are drained with the engine's work)."""
+        if self._server is None:
+            return
+        self._server.should_exit = True
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), 5.0)
+        except asyncio.TimeoutError:
+            self._server.force_exit = True
+            await self._task
+
+
+class _NoCapture:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+def _no_signal_capture() -> _NoCapture:
+    return _NoCapture()

@@ -1,0 +1,159 @@
+"""Reading an HTTP request's parameters: the body within a size and time limit, JSON or a form.
+
+DeepL and LibreTranslate clients send either JSON or application/x-www-form-urlencoded bodies
+(the deepl library sends JSON to /v2/translate but a form body with GET /v2/languages;
+libretranslatepy sends forms everywhere), and query parameters count too. `Params` gives the
+endpoints one view of all of them with typed getters that raise `BadParam` naming the field.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any, Optional
+from urllib.parse import parse_qs
+
+from starlette.requests import Request
+
+
+class BodyError(Exception):
+    """A body the server will not read: `status` is 413 (too large), 408 (too slow), 400 (undecodable)
+    or 415 (a content type no endpoint reads)."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+class BadParam(ValueError):
+    """A parameter that is missing or of the wrong type; the message names it."""
+
+
+async def read_body(request: Request, limit: int, timeout: float) -> bytes:
+    """The whole body, refused unread when its declared length exceeds `limit`, cut off when more
+    arrives than declared or allowed, and failed when it takes longer than `timeout` seconds in all
+    (a client trickling a body byte by byte must not hold a request open for ever)."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise BodyError(400, f"invalid Content-Length {declared[:32]!r}")
+        if int(declared) > limit:
+            raise BodyError(413, f"request body of {int(declared)} bytes; the limit is {limit}")
+    parts, size, end = [], 0, time.monotonic() + timeout
+    chunks = request.stream().__aiter__()
+    while True:
+        try:
+            chunk = await asyncio.wait_for(chunks.__anext__(), max(end - time.monotonic(), 0.001))
+        except StopAsyncIteration:
+            break
+        except asyncio.TimeoutError:
+            raise BodyError(408, f"the request body did not arrive within {timeout:g} s") from None
+        size += len(chunk)
+        if size > limit:
+            raise BodyError(413, f"request body larger than the limit of {limit} bytes")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+class Params:
+    """A request's parameters: the query string, then the body's fields (JSON object or form)."""
+
+    def __init__(self, fields: dict[str, Any], json_body: bool = False):
+        self.fields, self.json_body = fields, json_body  # json_body: the body was JSON (else a form or none)
+
+    @classmethod
+    async def of(cls, request: Request, limit: int, timeout: float, json_only: bool = False) -> "Params":
+        fields: dict[str, Any] = {k: request.query_params.getlist(k) for k in request.query_params.keys()}
+        body = await read_body(request, limit, timeout)
+        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if not body.strip():
+            return cls(fields)
+        if kind == "application/json" or (json_only and not kind) or (not kind and body.lstrip()[:1] == b"{"):
+            fields.update(parse_json(body))
+            return cls(fields, json_body=True)
+        elif kind in ("application/x-www-form-urlencoded", "") and not json_only:
+            fields.update(parse_form(body))
+        else:
+            raise BodyError(415, f"unsupported content type {kind!r}: send application/json"
+                            + ("" if json_only else " or application/x-www-form-urlencoded"))
+        return cls(fields)
+
+    def has(self, name: str) -> bool:
+        return name in self.fields
+
+    def text(self, name: str, default: Optional[str] = None) -> Optional[str]:
+        """A string field (a form field given once, or a JSON string)."""
+        value = self.fields.get(name, default)
+        if isinstance(value, list):
+            if len(value) != 1:
+                raise BadParam(f"parameter '{name}' must be given once")
+            value = value[0]
+        if value is not None and not isinstance(value, str):
+            raise BadParam(f"parameter '{name}' must be a string")
+        return value
+
+    def texts(self, name: str) -> Optional[list[str]]:
+        """A list of strings: a JSON array or string, or a form field repeated."""
+        value = self.fields.get(name)
+        if value is None:
+            return None
+        if isinstance(value, str):
+            return [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise BadParam(f"parameter '{name}' must be a string or a list of strings")
+        return value
+
+    def flag(self, name: str, default: bool = False) -> bool:
+        """A boolean: JSON true/false, or "1"/"0"/"true"/"false" as forms send them."""
+        value = self.fields.get(name)
+        if value is None:
+            return default
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        text = self.text(name)
+        if text.lower() in ("1", "true", "yes", "on"):
+            return True
+        if text.lower() in ("0", "false", "no", "off", ""):
+            return False
+        raise BadParam(f"parameter '{name}' must be a boolean (got {text[:32]!r})")
+
+    def number(self, name: str, default: int = 0, lo: int = 0, hi: int = 1 << 31) -> int:
+        value = self.fields.get(name)
+        if value is None:
+            return default
+        if isinstance(value, list):
+            value = self.text(name)
+        try:
+            number = int(value) if not isinstance(value, bool) else None
+        except (TypeError, ValueError):
+            number = None
+        if number is None or not lo <= number <= hi:
+            raise BadParam(f"parameter '{name}' must be a whole number in [{lo}, {hi}]")
+        return number
+
+
+def parse_json(body: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(body.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise BodyError(400, f"the body is not valid UTF-8 (byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise BodyError(400, f"the body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    if not isinstance(value, dict):
+        raise BodyError(400, "the body must be a JSON object")
+    return value
+
+
+def parse_form(body: bytes) -> dict[str, list[str]]:
+    try:
+        # URL-encoded bodies are ASCII with %-escapes of UTF-8; raw UTF-8 (curl -d 'q=fährt') is taken too.
+        text = body.decode("utf-8")
+        return parse_qs(text, keep_blank_values=True, errors="strict", max_num_fields=10_000)
+    except UnicodeDecodeError as e:
+        raise BodyError(400, f"the form body is not valid UTF-8 (byte {e.start})") from None
+    except UnicodeError:
+        raise BodyError(400, "a form field is not valid UTF-8 after URL decoding") from None
+    except ValueError as e:
+        raise BodyError(400, f"the form body does not parse: {e}") from None

@@ -1,0 +1,117 @@
+"""LibreTranslate's API, as libretranslatepy, its browser extensions and the apps built on it call it.
+
+    POST /translate     q (string or list), source (code or "auto"), target, format text|html,
+                        alternatives, api_key (JSON or form body)
+    GET|POST /languages [{"code", "name", "targets"}]
+    POST /detect        q -> [{"language", "confidence" (0-100)}], most likely first
+
+Errors are LibreTranslate's: `{"error": message}` with 400 (bad request), 403 (missing or invalid
+api_key, or a model the key may not use), 413, 429 (rate limit; Retry-After), 500, 503.
+With `source=auto` the response carries `detectedLanguage` ({"language", "confidence"}; a
+list of them for a list of texts), as LibreTranslate's does.
+"""
+from __future__ import annotations
+
+import grpc
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from server.gateway import CallFailed
+from server.http.body import BadParam, BodyError, Params
+from server.http.edge import Edge, http_status, retry_headers, language_name
+from server.http.translate import Ask, detect, translate
+
+API = "libretranslate"
+MAX_ALTERNATIVES = 8
+
+
+def error(status: int, message: str, headers=None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def failed(e: CallFailed) -> JSONResponse:
+    if e.code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+        return error(403, f"Invalid API key: {e.message}")
+    headers = retry_headers(e)
+    return error(http_status(e.code) if e.code != grpc.StatusCode.CANCELLED else 499, e.message, headers)
+
+
+class LibreTranslateApi:
+    def __init__(self, edge: Edge):
+        self.edge = edge
+
+    def routes(self) -> list[Route]:
+        return [Route("/translate", self.translate, methods=["POST"]),
+                Route("/languages", self.languages, methods=["GET", "POST"]),
+                Route("/detect", self.detect, methods=["POST"])]
+
+    async def _params(self, request: Request) -> Params:
+        return await Params.of(request, self.edge.max_body_bytes, self.edge.body_timeout_s)
+
+    async def translate(self, request: Request) -> Response:
+        try:
+            params = await self._params(request)
+            ask, many = self._ask(params)
+        except BodyError as e:
+            return self.edge.count(API, "translate", error(e.status, e.message))
+        except BadParam as e:
+            return self.edge.count(API, "translate", error(400, str(e)))
+        caller = self.edge.caller(request, params.text("api_key") or None)
+        try:
+            results = await translate(self.edge, ask, caller)
+        except CallFailed as e:
+            return self.edge.count(API, "translate", failed(e))
+        body: dict = {"translatedText": [r.text for r in results] if many else results[0].text}
+        if not ask.source:
+            found = [{"confidence": round(100 * (r.confidence or 0.0), 1), "language": r.source} for r in results]
+            body["detectedLanguage"] = found if many else found[0]
+        if ask.alternatives:
+            alternatives = [r.alternatives for r in results]
+            body["alternatives"] = alternatives if many else alternatives[0]
+        return self.edge.count(API, "translate", JSONResponse(body, headers={"x-request-id": caller.request_id}))
+
+    def _ask(self, params: Params) -> tuple[Ask, bool]:
+        if not params.has("q"):
+            raise BadParam("Invalid request: missing q parameter")
+        many = isinstance(params.fields.get("q"), list) and not _is_form_single(params)
+        texts = params.texts("q") if many else [params.text("q")]
+        source, target = params.text("source"), params.text("target")
+        if not source:
+            raise BadParam("Invalid request: missing source parameter")
+        if not target:
+            raise BadParam("Invalid request: missing target parameter")
+        kind = (params.text("format") or "text").lower()
+        if kind not in ("text", "html"):
+            raise BadParam(f"Invalid request: format must be text or html (got {kind!r})")
+        alternatives = params.number("alternatives", 0, 0, MAX_ALTERNATIVES)
+        source = "" if source.lower() == "auto" else source.lower()
+        return Ask(texts=texts, source=source, target=target.lower(), html=kind == "html",
+                   alternatives=alternatives), many
+
+    async def languages(self, request: Request) -> Response:
+        body = [{"code": source, "name": language_name(source), "targets": self.edge.targets(source)}
+                for source in self.edge.sources()]
+        return self.edge.count(API, "languages", JSONResponse(body))
+
+    async def detect(self, request: Request) -> Response:
+        try:
+            params = await self._params(request)
+            text = params.text("q")
+            if text is None:
+                raise BadParam("Invalid request: missing q parameter")
+        except BodyError as e:
+            return self.edge.count(API, "detect", error(e.status, e.message))
+        except BadParam as e:
+            return self.edge.count(API, "detect", error(400, str(e)))
+        if self.edge.key_id(params.text("api_key")) is None:
+            return self.edge.count(API, "detect", error(403, "Invalid API key"))
+        (found,) = await detect(self.edge, [text], False)
+        body = [{"confidence": round(100 * p, 1), "language": lang} for lang, p in found.ranked[:3] if p > 0.0005]
+        return self.edge.count(API, "detect", JSONResponse(body or [{"confidence": 0.0, "language": found.language}]))
+
+
+def _is_form_single(params: Params) -> bool:
+    """A form field given once is a list of one in the parsed form: that is LibreTranslate's single q."""
+    value = params.fields.get("q")
+    return isinstance(value, list) and len(value) == 1 and not params.json_body

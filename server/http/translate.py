@@ -1,0 +1,84 @@
+"""What the DeepL and LibreTranslate endpoints share: texts in, one Translate call per source language,
+results back in the texts' order.
+
+Both APIs let a caller leave the source language out and report, per text, the language that
+was detected. Texts of one request may be in different languages, so each is identified on its
+own (off the event loop: up to 64 texts) and the texts are grouped by the served language they
+route to (server/language_id.py); each group is one Translate call through the gateway, the
+groups run concurrently, and the answers are put back in order.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Optional
+
+import grpc
+
+from protos.nmt.v1 import translator_pb2 as pb
+from server.gateway import Caller, CallFailed
+from server.http.edge import Edge
+from server.language_id import Detection, route
+
+
+@dataclass
+class Translated:
+    text: str
+    source: str  # the language translated from
+    confidence: Optional[float]  # of the detection; None when the caller named the language
+    alternatives: list[str]
+
+
+@dataclass
+class Ask:
+    texts: list[str]
+    source: str  # "" = detect
+    target: str
+    html: bool = False
+    split: int = pb.SPLIT_SENTENCES_ON
+    alternatives: int = 0
+
+
+async def detect(edge: Edge, texts: list[str], html: bool) -> list[Detection]:
+    def work() -> list[Detection]:
+        return [edge.detector.detect(t, html) for t in texts]
+    return await asyncio.get_running_loop().run_in_executor(edge.service.executor, work)
+
+
+async def translate(edge: Edge, ask: Ask, caller: Caller) -> list[Translated]:
+    """Raises CallFailed (INVALID_ARGUMENT when a text is confidently in a language nobody serves)."""
+    if ask.source:
+        groups = {ask.source: list(range(len(ask.texts)))}
+        confidence: list[Optional[float]] = [None] * len(ask.texts)
+    else:
+        found = await detect(edge, ask.texts, ask.html)
+        served = edge.sources(ask.target)
+        groups, confidence = {}, []
+        for i, detection in enumerate(found):
+            language = route(detection, served) if ask.texts[i].strip() else (served[0] if served else None)
+            edge.metrics.language_detections.labels(detection.language if language else "unserved").inc()
+            if language is None:
+                raise CallFailed(grpc.StatusCode.INVALID_ARGUMENT,
+                                 f"text {i} is in {detection.language!r} (detected, confidence "
+                                 f"{detection.confidence:.2f}); no served model translates it"
+                                 f"{' into ' + repr(ask.target) if ask.target else ''}; served: "
+                                 f"{edge.describe_pairs()}")
+            groups.setdefault(language, []).append(i)
+            confidence.append(dict(detection.ranked).get(language, 0.0))
+    calls = [_call(edge, ask, source, [ask.texts[i] for i in members], caller)
+             for source, members in groups.items()]
+    answers = await asyncio.gather(*calls)
+    out: list[Optional[Translated]] = [None] * len(ask.texts)
+    for (source, members), response in zip(groups.items(), answers):
+        for i, translation in zip(members, response.translations):
+            texts = [h.text for h in translation.hypotheses]
+            out[i] = Translated(texts[0] if texts else "", source, confidence[i], texts[1:])
+    return out
+
+
+async def _call(edge: Edge, ask: Ask, source: str, texts: list[str], caller: Caller) -> pb.TranslateResponse:
+    request = pb.TranslateRequest(texts=texts, source_language=source, target_language=ask.target,
+                                  split_sentences=ask.split, mime_type="text/html" if ask.html else "")
+    if ask.alternatives:
+        request.options.alternatives = ask.alternatives + 1  # the translation itself, then its alternatives
+    return await edge.gateway.unary("Translate", request, caller)

@@ -5,11 +5,13 @@ import asyncio
 import logging
 import os
 import signal
+from pathlib import Path
 from typing import Sequence
 
 from models.core.bundle import BundleError
 from server.app import EXIT_ENGINE_FAILED, ConfigError, TranslationServer
 from server.config import ServerConfig
+from server.imports import ImportFailed, prepare_repository
 from server.observability import logs
 
 log = logging.getLogger("server")
@@ -38,8 +40,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.configure(cfg.log_format, cfg.log_level)  # JSON or text lines on stderr (server/observability/logs.py)
     log.info("starting nmt-serve", extra={"event": "starting", "pid": os.getpid()})
     try:
+        if cfg.model:  # Hugging Face models: imported once (in a subprocess: no torch here), then served
+            export_args = {"int8": ["--int8"], "fp16": ["--fp16"]}.get(cfg.variant, [])
+            cfg.model_repository = str(prepare_repository(cfg.model, Path(cfg.cache_dir) if cfg.cache_dir else None,
+                                                          export_args=export_args))
         status = asyncio.run(serve(cfg))
-    except (BundleError, ConfigError) as e:
+    except (BundleError, ConfigError, ImportFailed) as e:
         log.error("error: %s", e, extra={"event": "exit", "status": 2})
         return 2
     log.info("exit %d", status, extra={"event": "exit", "status": status})

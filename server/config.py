@@ -41,6 +41,12 @@ HELP = {
     "http_body_timeout_s": "HTTP: a request body must arrive within this many seconds (slow senders get 408); > 0",
     "model_repository": "folder of <model>/<version>/ bundles to serve (all of them); default: the checkout's "
                         "model_repository, else ./model_repository, else the bundle installed with the package",
+    "model": "a Hugging Face translation model to serve (a local directory or a hub id), imported once into "
+             "--cache-dir with every check of `python -m export --from-huggingface` and reused on later starts; "
+             "repeat the flag for several (the env variable takes them comma-separated); given, it replaces "
+             "--model-repository",
+    "cache_dir": "where --model imports are kept; empty = $NMT_CACHE_DIR, else $XDG_CACHE_HOME/nmt-serve, "
+                 "else ~/.cache/nmt-serve",
     "default_model": "model for requests that name none; empty = the first by name",
     "variant": "bundle graphs to run: fp32, int8 or fp16 (fp16 is for --provider cuda)",
     "provider": "ONNX Runtime execution provider: auto (CUDA when available), cpu or cuda",
@@ -119,6 +125,8 @@ class ServerConfig:
     http_max_header_bytes: int = 16384
     http_body_timeout_s: float = 30.0
     model_repository: str = str(DEFAULT_REPOSITORY)
+    model: tuple = ()  # Hugging Face models to import and serve (server/imports.py); replaces model_repository
+    cache_dir: str = ""
     default_model: str = ""  # empty = the first model by name
     variant: str = "fp32"  # fp32 | int8 | fp16
     provider: str = "auto"  # auto | cpu | cuda
@@ -173,7 +181,11 @@ class ServerConfig:
             env = "NMT_" + f.name.upper()
             flag = "--" + f.name.replace("_", "-")
             default = f.default
-            if f.type in ("bool", bool):
+            if f.type in ("tuple", tuple):  # a repeatable flag; the variable holds the values comma-separated
+                given = tuple(v for v in os.environ.get(env, "").split(",") if v)
+                p.add_argument(flag, action="append", default=None, help=f"{HELP[f.name]} [env {env}]")
+                p.set_defaults(**{f.name: None, f"_{f.name}_env": given})
+            elif f.type in ("bool", bool):
                 p.add_argument(flag, type=_bool, default=_bool(os.environ.get(env, str(default))),
                                help=f"{HELP[f.name]} [env {env}]")
             else:
@@ -184,7 +196,12 @@ class ServerConfig:
 
     @classmethod
     def from_args(cls, argv: Optional[Sequence[str]] = None) -> "ServerConfig":
-        return cls(**vars(cls.parser().parse_args(argv)))
+        values = vars(cls.parser().parse_args(argv))
+        for f in fields(cls):
+            if f.type in ("tuple", tuple):
+                given, env = values.pop(f.name), values.pop(f"_{f.name}_env")
+                values[f.name] = tuple(given) if given else env
+        return cls(**values)
 
     def problems(self) -> list[str]:
         """Settings that contradict each other or make a legal request unservable, all at once.

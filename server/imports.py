@@ -109,7 +109,7 @@ def describe(arg: str, export_args: Sequence[str] = ()) -> Source:
         for f in sorted(path.iterdir()):
             if f.is_file() and any(fnmatch.fnmatch(f.name, p) for p in MODEL_FILES):
                 st = f.stat()  # follows the hub cache's links to its blobs
-                h.update(f"\0{f.name}\0{st.st_size}".encode())
+                h.update(f"\0{f.name}\0{st.st_size}\0{st.st_mtime_ns}".encode())
         name = bundle_name(label)
         return Source(arg, name, str(path), f"{name}-{h.hexdigest()[:16]}", False, False)
     if path.exists() or arg.startswith((".", "/", "~")) or arg.count("/") != 1:  # export's resolve() rule
@@ -229,9 +229,14 @@ def prepare_repository(models: Sequence[str], cache_dir: Path | None = None, exp
     links = {name: ensure_imported(src, cache_dir, export_args, log) for name, src in sources.items()}
     digest = hashlib.sha256("\n".join(f"{n}={p.name}" for n, p in sorted(links.items())).encode()).hexdigest()
     served = cache_dir / "served" / digest[:16]
+
+    def complete() -> bool:
+        return all((served / n / "1" / "config.json").is_file() for n in links)
+    if complete():  # no lock, no write: a cache prepared beforehand may be mounted read-only
+        return served
     served.parent.mkdir(parents=True, exist_ok=True)
     with _locked(cache_dir / "locks" / "served.lock"):
-        if not all((served / n / "1" / "config.json").is_file() for n in links):
+        if not complete():
             shutil.rmtree(served, ignore_errors=True)  # absent, or a link's import was deleted by hand
             stage = Path(tempfile.mkdtemp(prefix=f".{served.name}.", dir=served.parent))
             for name, target in links.items():

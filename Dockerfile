@@ -2,7 +2,7 @@
 # shipped model repository is baked in at /app/model_repository, a volume: mount another one there
 # (or anywhere, with NMT_MODEL_REPOSITORY) to serve other models. See docs/deployment.md.
 #   docker build -t nmt-serve .
-#   docker run -p 50051:50051 -p 9090:9090 nmt-serve
+#   docker run -p 50051:50051 -p 8080:8080 -p 9090:9090 nmt-serve
 #   docker run -p 50051:50051 -v /srv/models:/app/model_repository:ro nmt-serve
 # A build host that cannot reach Docker Hub can build on a local Debian base instead:
 #   sh deploy/offline-base.sh && docker build --build-arg BASE_IMAGE=nmt-offline-base:3.11 -t nmt-serve .
@@ -15,6 +15,7 @@ ENV PYTHONUNBUFFERED=1 \
     NMT_HOST=0.0.0.0 \
     NMT_PORT=50051 \
     NMT_METRICS_PORT=9090 \
+    NMT_HTTP_PORT=8080 \
     NMT_MODEL_REPOSITORY=/app/model_repository \
     NMT_LAME_DUCK_S=5 \
     NMT_GRACE_PERIOD_S=20
@@ -38,7 +39,7 @@ COPY model_repository/ model_repository/
 VOLUME ["/app/model_repository"]
 
 USER 10001:10001
-EXPOSE 50051 9090
+EXPOSE 50051 8080 9090
 # Follows the configured port (the NMT_PORT variable, as docker run -e sets it).
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s \
     CMD python -m client --target "localhost:${NMT_PORT}" health || exit 1

@@ -176,7 +176,10 @@ def option_cases(max_texts: int, max_beam: int) -> list[FuzzCase]:
         ("texts=1000", T(texts=["A dog."] * 1000), INVALID),
         (f"texts={max_texts + 1}", T(texts=["A dog."] * (max_texts + 1)), INVALID),
         ("text=emoji", T(texts=["A dog 🐶 chases a ball 🎾 in the park 🌳."]), OK_OR_FULL),
-        ("text=CJK", T(texts=["一只狗在公园里跑。", "犬が公園で走っている。"]), OK_OR_FULL),
+        # Without a source language, texts confidently in a language no model serves are refused (the
+        # source language is detected: server/language_id.py); named as English, they are translated.
+        ("text=CJK", T(texts=["一只狗在公园里跑。", "犬が公園で走っている。"]), INVALID),
+        ("text=CJK as en", T(texts=["一只狗在公园里跑。", "犬が公園で走っている。"], source_language="en"), OK_OR_FULL),
         ("text=RTL+combining", T(texts=["A man says كلب and e\u0301te\u0301."]), OK_OR_FULL),
         ("text=control chars", T(texts=["A\x00 dog\x07 runs\x1b[31m on\x7f the beach."]), OK_OR_FULL),
         # Only control characters: nothing visible to translate; an error or a translation are both sane.

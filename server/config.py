@@ -106,7 +106,7 @@ HELP = {
     "auth_metrics_max_keys": "distinct key ids labelled in nmt_auth_requests_total; later ones count as 'other'; "
                              ">= 0",
     # Observability (server/observability/, docs/observability.md).
-    "log_format": "log lines on stderr: json (one object per line) or text",
+    "log_format": "log lines on stderr: auto (text on a terminal, else json), json (one object per line) or text",
     "log_level": "lowest level logged: debug, info (with the access log: one line per RPC), warning, error",
     "otlp_endpoint": "OpenTelemetry traces over OTLP/gRPC to this collector (http://host:4317 for plaintext); "
                      "empty = OTEL_EXPORTER_OTLP_ENDPOINT, unset too = no tracing; needs the otel extra",
@@ -169,7 +169,7 @@ class ServerConfig:
     api_keys_file: str = ""  # empty = no API keys
     auth_health_and_reflection: bool = False  # health and reflection open by default (probes carry no key)
     auth_metrics_max_keys: int = 100
-    log_format: str = "json"  # json | text
+    log_format: str = "auto"  # auto (text on a terminal, json otherwise) | json | text
     log_level: str = "info"
     otlp_endpoint: str = ""  # empty = OTEL_EXPORTER_OTLP_ENDPOINT (or no tracing)
 
@@ -183,8 +183,7 @@ class ServerConfig:
             default = f.default
             if f.type in ("tuple", tuple):  # a repeatable flag; the variable holds the values comma-separated
                 given = tuple(v for v in os.environ.get(env, "").split(",") if v)
-                p.add_argument(flag, action="append", default=None, help=f"{HELP[f.name]} [env {env}]")
-                p.set_defaults(**{f.name: None, f"_{f.name}_env": given})
+                p.add_argument(flag, action=_Repeated, default=given, help=f"{HELP[f.name]} [env {env}]")
             elif f.type in ("bool", bool):
                 p.add_argument(flag, type=_bool, default=_bool(os.environ.get(env, str(default))),
                                help=f"{HELP[f.name]} [env {env}]")
@@ -196,12 +195,7 @@ class ServerConfig:
 
     @classmethod
     def from_args(cls, argv: Optional[Sequence[str]] = None) -> "ServerConfig":
-        values = vars(cls.parser().parse_args(argv))
-        for f in fields(cls):
-            if f.type in ("tuple", tuple):
-                given, env = values.pop(f.name), values.pop(f"_{f.name}_env")
-                values[f.name] = tuple(given) if given else env
-        return cls(**values)
+        return cls(**vars(cls.parser().parse_args(argv)))
 
     def problems(self) -> list[str]:
         """Settings that contradict each other or make a legal request unservable, all at once.
@@ -250,8 +244,8 @@ class ServerConfig:
             out.append(f"--decoder must be auto, inplace or copy (got {self.decoder!r})")
         if self.provider not in ("auto", "cpu", "cuda"):
             out.append(f"--provider must be auto, cpu or cuda (got {self.provider!r})")
-        if self.log_format not in ("json", "text") or self.log_level.lower() not in _LOG_LEVELS:
-            out.append(f"--log-format must be json or text and --log-level one of {', '.join(_LOG_LEVELS)} "
+        if self.log_format not in ("auto", "json", "text") or self.log_level.lower() not in _LOG_LEVELS:
+            out.append(f"--log-format must be auto, json or text and --log-level one of {', '.join(_LOG_LEVELS)} "
                        f"(got {self.log_format!r}, {self.log_level!r})")
         from server.security.wiring import security_problems  # TLS files, key file lines (with line numbers)
         out += security_problems(self)
@@ -259,6 +253,14 @@ class ServerConfig:
 
 
 _LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+class _Repeated(argparse.Action):
+    """A flag given several times collects its values; given at all, they replace the default (the env's)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        held = getattr(namespace, self.dest)
+        setattr(namespace, self.dest, (() if held is self.default else tuple(held)) + (values,))
 
 
 def _flag(name: str) -> str:

@@ -18,7 +18,7 @@ import threading
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-CONFIDENT = 0.5  # an unserved language at least this likely refuses the text (docs/benchmarks/language_id.md)
+CONFIDENT = 0.8  # an unserved language at least this likely refuses the text (docs/benchmarks/language_id.md)
 MAX_CHARS = 2000  # enough to decide; a 50,000-character document costs no more than this
 _TAG = re.compile(r"<[^>]*>|&[#\w]+;")
 

@@ -54,7 +54,7 @@ def test_dockerfiles_copy_real_paths_and_agree_with_the_server(dockerfile, compo
     assert 'ENTRYPOINT ["python", "-m", "server"]' in text
     exposed = {int(p) for p in re.findall(r"^EXPOSE (.+)$", text, re.M)[0].split()}
     env = dict(re.findall(r"(NMT_\w+)=(\S+)", text))
-    assert {int(env["NMT_PORT"]), int(env["NMT_METRICS_PORT"])} == exposed
+    assert {int(env["NMT_PORT"]), int(env["NMT_HTTP_PORT"]), int(env["NMT_METRICS_PORT"])} == exposed
     assert env["NMT_MODEL_REPOSITORY"] == "/app/model_repository"
     for name in env:
         assert name[4:].lower() in ServerConfig.__dataclass_fields__, name

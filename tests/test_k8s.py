@@ -106,7 +106,7 @@ def test_container_args_and_env_are_real_server_settings(server, cfg):
 
 def test_ports_and_probes_agree_with_the_server(pod, server, cfg, resources):
     ports = {p["name"]: p["containerPort"] for p in server["ports"]}
-    assert ports == {"grpc": cfg.port, "metrics": cfg.metrics_port}
+    assert ports == {"grpc": cfg.port, "metrics": cfg.metrics_port, "http": cfg.http_port}
     probes = {k: server[k] for k in ("startupProbe", "readinessProbe", "livenessProbe")}
     for kind, probe in probes.items():
         assert probe["grpc"]["port"] == cfg.port, kind  # native gRPC probes take a number, not a port name

@@ -552,3 +552,26 @@ def test_drain_and_exit_are_logged(served):
     events = [r.get("event") for r in served.records()]
     assert events[-4:] == ["signal", "draining", "stopped", "exit"], events[-6:]
     assert served.event("exit")["status"] == 0 and served.event("signal")["signal"] == "SIGTERM"
+
+
+def test_auto_log_format_is_text_on_a_terminal_and_json_in_a_pipe():
+    """The default: a person starting the server in a terminal reads text lines, a log collector reading
+    a pipe or a file gets one JSON object per line."""
+    lines = {}
+    master, slave = os.openpty()
+    read_end, write_end = os.pipe()
+    try:
+        for name, fd, reader in (("tty", slave, master), ("pipe", write_end, read_end)):
+            stream = os.fdopen(os.dup(fd), "w", buffering=1)
+            logs.configure("auto", "info", stream=stream)
+            logging.getLogger("server").info("hello from %s", name, extra={"event": "probe"})
+            logs.shutdown()  # flushes the queue listener
+            stream.flush()
+            lines[name] = os.read(reader, 65536).decode().strip()
+            stream.close()
+    finally:
+        for fd in (master, slave, read_end, write_end):
+            os.close(fd)
+        logs.configure("json", "info")
+    assert "hello from tty" in lines["tty"] and not lines["tty"].startswith("{")
+    assert json.loads(lines["pipe"])["message"] == "hello from pipe"

@@ -83,6 +83,9 @@ class HttpFrontend:
         config = uvicorn.Config(self.app, host=host, port=port, log_config=None, access_log=False, lifespan="off",
                                 timeout_keep_alive=cfg.http_keepalive_s, limit_concurrency=cfg.http_max_connections,
                                 h11_max_incomplete_event_size=cfg.http_max_header_bytes, server_header=False, **tls)
+        # uvicorn's own INFO lines (started, waiting for connections to close...) say what the server's
+        # "serving"/"stopped" events already say, without an event field; its errors still come through.
+        logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
         self._server = uvicorn.Server(config)
         # uvicorn's serve() takes over SIGINT/SIGTERM; the server's own handlers drain gRPC and HTTP together.
         self._server.capture_signals = _no_signal_capture

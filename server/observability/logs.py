@@ -122,11 +122,13 @@ class _Handoff(logging.handlers.QueueHandler):
 _listener: Optional[logging.handlers.QueueListener] = None
 
 
-def configure(fmt: str = "json", level: str = "info", stream: Optional[TextIO] = None) -> None:
+def configure(fmt: str = "auto", level: str = "info", stream: Optional[TextIO] = None) -> None:
     """Route every logger through the root logger to `stream` (stderr), in `fmt`, from `level` up.
     Unknown values fall back to json/info here; ServerConfig.problems() reports them."""
     global _listener
     writer = logging.StreamHandler(stream or sys.stderr)
+    if fmt == "auto":  # text for a person at a terminal, JSON for a log collector
+        fmt = "text" if getattr(writer.stream, "isatty", lambda: False)() else "json"
     missing = None
     try:
         writer.setFormatter(TextFormatter() if fmt == "text" else json_formatter())

@@ -33,7 +33,7 @@ from client.client import TranslatorClient
 from models.data import multi30k_file
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "data"
+SHARED = ROOT.parent / "shared" / "data" / "multi30k"
 
 
 def start_server(grpc_port: int, http_port: int) -> subprocess.Popen:

@@ -104,6 +104,32 @@ def test_native_models_embed_and_openapi(srv):
     assert "targetLanguage" in request and "splitSentences" in request
 
 
+def test_native_decoding_controls_equal_grpc_and_are_range_checked(srv):
+    """DecodingOptions in the JSON mapping: the decoding controls (docs/api.md) reach the engine as they
+    do through gRPC, and an out-of-range value gets 400 naming the range."""
+    text = "A man in a blue shirt is standing on a ladder cleaning windows."
+    options = {"repetitionPenalty": 1.3, "noRepeatNgramSize": 2, "minOutputTokens": 3, "targetPrefix": "Ein",
+               "beamSize": 3}
+    r = httpx.post(f"{srv.http}/v1/translate", json={"texts": [text], "targetLanguage": "de", "options": options},
+                   timeout=60)
+    with TranslatorClient(srv.target) as client:
+        want = client.stub.Translate(pb.TranslateRequest(
+            texts=[text], target_language="de", options=pb.DecodingOptions(
+                repetition_penalty=1.3, no_repeat_ngram_size=2, min_output_tokens=3, target_prefix="Ein",
+                beam_size=3)), timeout=60)
+    assert r.status_code == 200
+    assert r.json()["translations"][0]["hypotheses"][0]["text"] == want.translations[0].hypotheses[0].text
+    assert want.translations[0].hypotheses[0].text.startswith("Ein")
+    alternatives = httpx.post(f"{srv.http}/v1/translate", json={"texts": [text], "options": {"alternatives": 3}},
+                              timeout=60).json()["translations"][0]["hypotheses"]
+    assert len(alternatives) == 3 and len({h["text"] for h in alternatives}) == 3
+    bad = httpx.post(f"{srv.http}/v1/translate", json={"texts": [text], "options": {"repetitionPenalty": 11}},
+                     timeout=60)
+    assert bad.status_code == 400 and "(0, 10]" in bad.json()["error"]["message"]
+    unknown = httpx.post(f"{srv.http}/v1/translate", json={"texts": [text], "targetLanguage": "xx"}, timeout=60)
+    assert unknown.status_code == 400 and "en->de" in unknown.json()["error"]["message"]
+
+
 # -- the same translations through every API --------------------------------------------------
 def test_every_api_translates_like_grpc_on_200_test_sentences(srv):
     sentences = flickr_sentences(200)
@@ -153,6 +179,9 @@ def test_deepl_refusals_raise_the_libraries_exceptions(keyed):
     slow.translate_text("A dog.", target_lang="DE")  # rpm=1: the first passes
     with pytest.raises(deepl.TooManyRequestsException):
         slow.translate_text("A dog.", target_lang="DE")
+    raw = httpx.post(f"{keyed.http}/v2/translate", json={"text": ["A dog."], "target_lang": "DE"},
+                     headers={"Authorization": f"DeepL-Auth-Key {KEYS['slow']}"}, timeout=30)
+    assert raw.status_code == 429 and 1 <= int(raw.headers["Retry-After"]) <= 60 and "rate limit" in raw.json()["message"]
     thrifty = deepl.Translator(KEYS["thrifty"], server_url=keyed.http)
     thrifty.translate_text("A dog runs in the park.", target_lang="DE")  # 23 of 40 characters
     with pytest.raises(deepl.QuotaExceededException):

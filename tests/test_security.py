@@ -519,3 +519,22 @@ def test_bearer_parsing():
     assert auth.bearer_key((("authorization", "Basic abc"),)) is None
     assert auth.bearer_key((("authorization", "Bearer"),)) is None
     assert auth.bearer_key((("x-other", "Bearer abc"),)) is None
+
+
+def test_the_http_port_speaks_only_tls_with_the_same_certificates_and_keys(mtls_server, pki):
+    """The HTTP port takes the gRPC port's TLS files: HTTPS only, client certificates from the CA
+    required under mutual TLS, and the same API keys."""
+    import ssl
+
+    import httpx
+    url = f"https://localhost:{mtls_server.app.http_port}/v1/translate"
+    context = ssl.create_default_context(cafile=pki.ca)
+    context.load_cert_chain(pki.client_cert, pki.client_key)
+    with httpx.Client(verify=context, timeout=30) as http:
+        ok = http.post(url, json={"texts": [TEXT]}, headers={"Authorization": f"Bearer {KEYS['alice']}"})
+        assert ok.status_code == 200 and ok.json()["translations"][0]["hypotheses"][0]["text"]
+        assert http.post(url, json={"texts": [TEXT]}).status_code == 401  # a certificate is not an API key
+    with pytest.raises(httpx.HTTPError):  # no client certificate
+        httpx.post(url, json={"texts": [TEXT]}, verify=ssl.create_default_context(cafile=pki.ca), timeout=30)
+    with pytest.raises(httpx.HTTPError):  # plaintext on the TLS port
+        httpx.post(url.replace("https://", "http://"), json={"texts": [TEXT]}, timeout=30)

@@ -14,6 +14,7 @@ from models.core.bundle import discover
 from protos.nmt.v1 import translator_pb2 as pb
 from server.config import ServerConfig
 from server.errors import Unavailable
+from server.admission import Admission, Limits
 from server.gateway import Gateway
 from server.hosted import HostedModel
 from server.http.app import HttpFrontend
@@ -77,8 +78,10 @@ class TranslationServer:
         if default not in self.models:
             raise ValueError(f"--default-model {default!r} is not in {sorted(self.models)}")
         self.executor = ThreadPoolExecutor(cfg.workers, thread_name_prefix="nmt-prep")
-        self.service = TranslatorService(self.models, default, cfg.max_texts_per_request, cfg.max_text_chars,
-                                         self.metrics, self.executor, cfg.max_sentences_per_request)
+        self.admission = Admission(self.models, default, Limits(cfg.max_texts_per_request, cfg.max_text_chars,
+                                                                cfg.max_sentences_per_request),
+                                   self.executor, self.metrics)
+        self.service = TranslatorService(self.admission, self.metrics)
         self.tracer = self.service.tracer = tracing.from_config(cfg.otlp_endpoint, self.span_exporter,
                                                                 self.metrics.build["version"])
         self.security = Security(cfg, self.metrics)  # TLS, API keys, rate limits: server/security/
@@ -87,7 +90,7 @@ class TranslationServer:
         self.server = grpc.aio.server(options=[("grpc.max_receive_message_length", cfg.max_request_bytes),
                                                *server_options(cfg)],
                                       interceptors=self.security.interceptors(SERVICE_NAME,
-                                                                              self.service.model_name_for))
+                                                                              self.admission.model_name_for))
         add_translator_service(self.service, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         enable_reflection(self.server, [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name])
@@ -95,12 +98,12 @@ class TranslationServer:
         if cfg.metrics_port >= 0:
             self._metrics_http = self.metrics.serve(cfg.metrics_port, cfg.metrics_host or cfg.host)
             self.metrics_port = self._metrics_http[0].server_port
-        self.service.quota_of = self.security.quota_of
+        self.admission.quota_of = self.security.quota_of
         await self.server.start()
         if cfg.http_port >= 0:
-            await loop.run_in_executor(None, self.service.identifier.warm)  # the language model: ~0.1 s, once
-            edge = Edge(Gateway(self.service, self.security.interceptor), self.service, self.metrics,
-                        self.service.identifier, cfg.max_request_bytes, cfg.http_body_timeout_s, self.security.keys)
+            await loop.run_in_executor(None, self.admission.identifier.warm)  # the language model: ~0.3 s, once
+            edge = Edge(Gateway(self.service, self.security.interceptor), self.admission, self.metrics,
+                        cfg.max_request_bytes, cfg.http_body_timeout_s, self.security.keys)
             self.http = HttpFrontend(edge, self.health, cfg)
             self.http_port = await self.http.start(cfg.http_host or cfg.host, cfg.http_port)
         self.security.watch_reload_signal(asyncio.get_running_loop())  # SIGHUP: reload --api-keys-file

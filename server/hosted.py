@@ -118,11 +118,6 @@ class HostedModel:
         def fits(sentence: str) -> bool:
             return len(self._encode(sentence)) <= budget
         language = languages[0] or self.bundle.source_language
-        # A text of spaces only (NBSP, a blank-looking cell) is layout and comes back as it is;
-        # a text with no characters at all is almost surely a caller's bug.
-        empty = [i for i, text in enumerate(texts) if not text]
-        if empty:
-            raise InvalidArgument(f"texts[{empty[0]}] is empty" + (f" (and {len(empty) - 1} more)" if empty[1:] else ""))
         if options.mime_type == MIME_HTML:
             return [plan_html(text, options.split, language, fits) for text in texts]
         return [plan_text(text, options.split, language, fits) for text in texts]
@@ -144,7 +139,13 @@ class HostedModel:
             raise InvalidArgument("; ".join(problems))
         return out
 
-    def check_params(self, p: DecodingParams) -> DecodingParams:
+    @property
+    def metrics(self):
+        """This model's series of the server's metrics (server/metrics.py ModelMetrics)."""
+        return self.scheduler.m
+
+    def param_problems(self, p: DecodingParams) -> list[str]:
+        """Every problem of the decoding options against this model and the server's limits."""
         problems = []
         if p.beam_size > self.cfg.max_beam_size:
             problems.append(f"beam_size {p.beam_size} exceeds the limit {self.cfg.max_beam_size}")
@@ -180,23 +181,24 @@ class HostedModel:
             problems.append(f"no_unknown_token: model {self.name} names no unknown token")
         if p.max_output_tokens > self.max_output:
             problems.append(f"max_output_tokens {p.max_output_tokens} exceeds the limit {self.max_output}")
-        if problems:
-            raise InvalidArgument("; ".join(problems))
-        return p
+        if p.target_prefix:
+            room = self.max_output - 1  # the forced language token, if any, and one generated token
+            length = len(self.tok.encode_target(p.target_prefix))
+            if length >= room:
+                problems.append(f"target_prefix is {length} tokens long; at most {room - 1} leave room "
+                                "for a translation")
+        return problems
 
     def jobs(self, texts: list[str], params: DecodingParams, sink: Callable[[Event], None] | list,
              deadline: Optional[float], scores: bool = False, stream: bool = False,
              languages: tuple[str, str] = ("", ""), labels: Optional[list[str]] = None,
              prefixed: Optional[list[bool]] = None) -> list[Job]:
-        """Validated jobs for texts; `sink` is one callable for all, or one per text. A target prefix
-        goes to the texts `prefixed` marks (a document's first sentence), to every text by default."""
-        params = self.check_params(params)
+        """Jobs for texts whose options passed `param_problems` (server/admission.py); `sink` is one callable
+        for all, or one per text. A target prefix goes to the texts `prefixed` marks (a document's first
+        sentence), to every text by default."""
         lead, forced = self.language_tokens(*languages)
         target = tuple(self.tok.encode_target(params.target_prefix)) if params.target_prefix else ()
         room = self.max_output - len(forced)
-        if len(target) >= room:
-            raise InvalidArgument(f"target_prefix is {len(target)} tokens long; at most {room - 1} leave room "
-                                  "for a translation")
         sinks = sink if isinstance(sink, list) else [sink] * len(texts)
         marks = prefixed if prefixed is not None else [True] * len(texts)
         out = []

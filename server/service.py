@@ -8,10 +8,8 @@ recorded. Results come back from the engine thread through the loop's EventRelay
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 import time
-from concurrent.futures import Executor
 from functools import partial
 from typing import AsyncIterator, Awaitable, Callable, Optional
 
@@ -21,12 +19,11 @@ import numpy as np
 from protos.nmt.v1 import translator_pb2 as pb
 from protos.nmt.v1 import translator_pb2_grpc as pb_grpc
 from server.documents.assemble import DocumentResult, DocumentStream, assemble
-from server.documents.plan import MIME_PLAIN, SPLIT_NEWLINES, SPLIT_OFF, SPLIT_ON, DocumentOptions, Plan
-from server.errors import InvalidArgument, NotFound, ServiceError, Unavailable, bounded, shown
+from server.documents.plan import MIME_PLAIN, SPLIT_NEWLINES, SPLIT_OFF, SPLIT_ON, DocumentOptions
+from server.errors import InvalidArgument, ServiceError, Unavailable, bounded
+from server.admission import Admission, TranslateCall
 from server.hosted import HostedModel
-from server.language_id import Detection, LanguageIdentifier, route
 from server.metrics import Metrics
-from server.security.usage import CharacterUsage
 from server.observability import calls
 from server.relay import relay_for
 from server.request import DecodingParams, ErrorEvent, Event, FinishEvent, FinishReason, TokenEvent
@@ -49,7 +46,7 @@ SPLIT = {pb.SPLIT_SENTENCES_UNSPECIFIED: SPLIT_ON, pb.SPLIT_SENTENCES_ON: SPLIT_
 def document_options(split: int, mime_type: str) -> DocumentOptions:
     if split not in SPLIT:
         raise InvalidArgument(f"unknown split_sentences value {split}")
-    return DocumentOptions(SPLIT[split], mime_type.strip().lower() or MIME_PLAIN).check()
+    return DocumentOptions(SPLIT[split], mime_type.strip().lower() or MIME_PLAIN)  # checked by admission
 
 
 def decoding_params(o: pb.DecodingOptions) -> DecodingParams:
@@ -67,43 +64,62 @@ def decoding_params(o: pb.DecodingOptions) -> DecodingParams:
         no_unknown_token=o.no_unknown_token, target_prefix=o.target_prefix, alternatives=o.alternatives)
 
 
+def translate_call(request, deadline: Optional[float]) -> TranslateCall:
+    """A TranslateRequest or TranslateStreamRequest as admission's plain TranslateCall."""
+    stream = isinstance(request, pb.TranslateStreamRequest)
+    return TranslateCall(texts=([request.text] if request.text else []) if stream else list(request.texts),
+                         params=decoding_params(request.options), model=request.model,
+                         source_language=request.source_language, target_language=request.target_language,
+                         options=document_options(request.split_sentences, request.mime_type),
+                         scores=not stream and request.return_scores, stream=stream, deadline=deadline)
+
+
 def deadline_of(context) -> Optional[float]:
     remaining = context.time_remaining()
     return None if remaining is None else time.monotonic() + remaining
 
 
-def _futures(n: int) -> tuple[list[asyncio.Future], list[Callable]]:
-    """n futures on the running loop, and sinks the engine thread may call to settle them.
+class Results:
+    """The outcomes of a unary call's jobs, settled on the loop through its relay (one wake-up per engine
+    step for all of them). `sink(i)` may be built on any thread; events arrive only after the jobs are
+    queued, by which time `expect(n)` has said how many there are."""
 
-    A sink takes a FinishEvent or a vector (result), an ErrorEvent or exception
-    (failure), or a TokenEvent (ignored: unary calls only want the end).
-    """
-    loop = asyncio.get_running_loop()
-    relay = relay_for(loop)
-    futures = [loop.create_future() for _ in range(n)]
+    def __init__(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.relay, self.future = relay_for(loop), loop.create_future()
+        self.got: dict[int, object] = {}
+        self.expected: Optional[int] = None
 
-    def sink_for(fut: asyncio.Future) -> Callable:
-        def settle(value) -> None:
-            if fut.done() or isinstance(value, TokenEvent):
-                return
-            if isinstance(value, (ErrorEvent, Exception)):
-                fut.set_exception(value.error if isinstance(value, ErrorEvent) else value)
-            else:
-                fut.set_result(value)
-        return relay.sink(settle)
-    return futures, [sink_for(f) for f in futures]
+    def sink(self, index: int) -> Callable:
+        return self.relay.sink(partial(self._settle, index))
 
+    def _settle(self, index: int, value) -> None:
+        if self.future.done() or isinstance(value, TokenEvent):
+            return
+        if isinstance(value, (ErrorEvent, Exception)):
+            self.future.set_exception(value.error if isinstance(value, ErrorEvent) else value)
+            return
+        self.got[index] = value
+        self._maybe_done()
 
-async def _run(model: HostedModel, jobs: list, futures: list[asyncio.Future]) -> list:
-    """Queue a request's jobs and await them all; if one fails or the client goes away, cancel
-    the rest so every slot is freed at the next step."""
-    model.scheduler.submit(jobs)
-    try:
-        return await asyncio.gather(*futures)
-    except BaseException:
-        for job in jobs:
-            job.cancel()
-        raise
+    def expect(self, n: int) -> None:
+        self.expected = n
+        self._maybe_done()
+
+    def _maybe_done(self) -> None:
+        if self.expected is not None and len(self.got) == self.expected and not self.future.done():
+            self.future.set_result([self.got[i] for i in range(self.expected)])
+
+    async def wait(self, jobs: list) -> list:
+        """All results in order; if one fails or the client goes away, cancel the rest so every slot is
+        freed at the next step."""
+        self.expect(len(jobs))
+        try:
+            return await self.future
+        except BaseException:
+            for job in jobs:
+                job.cancel()
+            raise
 
 
 def _tagged(put: Callable, index: int, event: Event) -> None:
@@ -162,18 +178,13 @@ async def _abort(context, code: grpc.StatusCode, message: str) -> grpc.StatusCod
 
 
 class TranslatorService(pb_grpc.TranslatorServicer):
-    def __init__(self, models: dict[str, HostedModel], default: str, max_texts: int, max_text_chars: int,
-                 metrics: Metrics, executor: Optional[Executor] = None, max_sentences: int = 512):
-        self.models, self.default, self.max_texts, self.metrics = models, default, max_texts, metrics
-        self.max_text_chars, self.max_sentences = max_text_chars, max_sentences
-        # Tokenisation and validation run here, never on the event loop: a request of many long
-        # texts took seconds there and stalled every other RPC, health checks included.
-        self.executor = executor
+    """Protobuf in and out, streaming and assembly, and the status mapping (`_guard`); every check of a
+    request is admission's (server/admission.py)."""
+
+    def __init__(self, admission: Admission, metrics: Metrics):
+        self.admission, self.metrics = admission, metrics
         self.accepting = True
         self.tracer = None  # an RpcTracer when tracing is on (server/observability/tracing.py)
-        self.identifier = LanguageIdentifier()  # requests that name no source language (server/language_id.py)
-        self.usage = CharacterUsage()  # characters per API key, and their quota (server/security/usage.py)
-        self.quota_of: Callable[[str], int] = lambda key_id: 0  # a key id's character quota; the app sets it
 
     # -- the one place for status codes and request metrics ------------------------
     async def _guard(self, rpc: str, request, context, work: Callable[[], Awaitable]):
@@ -209,124 +220,24 @@ class TranslatorService(pb_grpc.TranslatorServicer):
             self.metrics.request_latency.labels(rpc).observe(time.perf_counter() - t0)
             call.end(code, time.perf_counter() - t0)
 
-    def _model(self, name: str, source_language: str = "", target_language: str = "") -> HostedModel:
-        """The named model; with no name, the default one, or the first serving the languages asked for."""
-        if not name and (source_language or target_language):
-            order = [self.default] + sorted(n for n in self.models if n != self.default)
-            for candidate in order:
-                if self.models[candidate].serves(source_language, target_language):
-                    calls.note(model=candidate)
-                    return self.models[candidate]
-            raise InvalidArgument(f"no loaded model translates {shown(source_language or '*')}->"
-                                  f"{shown(target_language or '*')}; served: {self.served()}")
-        model = self.models.get(name or self.default)
-        if model is None:
-            raise NotFound(f"unknown model {shown(name)}; loaded: {sorted(self.models)}")
-        calls.note(model=model.name)
-        return model
-
-    def served(self) -> str:
-        return "; ".join(f"{n}: {m.describe_languages()}" for n, m in sorted(self.models.items()))
-
-    def detects(self, name: str, source_language: str) -> bool:
-        """A request is routed by its detected language when it names neither a model nor a source
-        language and several models are loaded (with one, its source language is the default)."""
-        return not name and not source_language and len(self.models) > 1
-
-    def route(self, name: str, source_language: str, target_language: str, texts, mime_type: str = ""
-              ) -> tuple[HostedModel, str, Optional[Detection]]:
-        """(model, source language, the detection it came from or None). The detection is refused when
-        the texts are confidently in a language no model serving the target translates from."""
-        if not self.detects(name, source_language) or not any(t.strip() for t in texts):
-            return self._model(name, source_language, target_language), source_language, None
-        found = self.identifier.detect_all(texts, html="html" in mime_type.lower())
-        served = sorted({s for m in self.models.values() for s, t in m.bundle.languages.pairs
-                         if not target_language or t == target_language})
-        language = route(found, served)
-        self.metrics.language_detections.labels(found.language if language else "unserved").inc()
-        if language is None:
-            raise InvalidArgument(f"the text is in {shown(found.language)} (detected, confidence "
-                                  f"{found.confidence:.2f}); no loaded model translates it"
-                                  f"{' into ' + shown(target_language) if target_language else ''}: "
-                                  f"send source_language, or use one of: {self.served()}")
-        return self._model("", language, target_language), language, found
-
-    def model_name_for(self, name: str, source_language: str = "", target_language: str = "", texts=()) -> str:
-        """The model a request would run on, for API-key permissions (server/security/auth.py): the
-        default model when it names none; the name as sent when none resolves (the RPC then fails)."""
-        try:
-            return self.route(name, source_language, target_language, texts)[0].name
-        except ServiceError:
-            return name
-
-    def _texts(self, texts) -> list[str]:
-        """Cheap checks (count, characters) before any tokenisation."""
-        calls.note(texts=len(texts))
-        if not texts:
-            raise InvalidArgument("texts is empty: send at least one text")
-        if len(texts) > self.max_texts:
-            raise InvalidArgument(f"{len(texts)} texts in one request; the limit is {self.max_texts}")
-        long = [i for i, t in enumerate(texts) if len(t) > self.max_text_chars]
-        if long:
-            raise InvalidArgument(f"{len(long)} text(s) longer than {self.max_text_chars} characters "
-                                  f"(first: texts[{long[0]}], {len(texts[long[0]])} characters)")
-        return list(texts)
-
-    def _charge(self, texts: list[str]) -> None:
-        """The caller's key pays the texts' characters (DeepL's billing unit), or its quota refuses them."""
-        key_id = calls.caller_key_id()
-        self.usage.charge(key_id, sum(map(len, texts)), self.quota_of(key_id))
-
-    async def _off_loop(self, fn, *args, **kwargs):
-        # In the call's context: log lines written there carry its request id.
-        run = partial(contextvars.copy_context().run, fn, *args, **kwargs)
-        return await asyncio.get_running_loop().run_in_executor(self.executor, run)
-
     # -- RPCs -------------------------------------------------------------------------
     async def Translate(self, request: pb.TranslateRequest, context) -> pb.TranslateResponse:
         return await self._guard("Translate", request, context, lambda: self._translate(request, context))
 
-    async def _plan(self, model: HostedModel, texts: list[str], split: int, mime_type: str,
-                    languages: tuple[str, str], params: DecodingParams) -> tuple[list[Plan], list[str]]:
-        """Texts -> documents split into sentences (off the loop), with the request-level limits."""
-        options = document_options(split, mime_type)
-        model.check_params(params)
-        t0 = time.perf_counter()
-        plans = await self._off_loop(model.plan, texts, options, languages)
-        model.scheduler.m.split_time.observe(time.perf_counter() - t0)
-        labels = [f"texts[{i}]" + (f" sentence {j}" if len(plan.units) > 1 else "")
-                  for i, plan in enumerate(plans) for j in range(len(plan.units))]
-        model.scheduler.m.document_sentences.observe(len(labels))
-        calls.note(sentences=len(labels))
-        if len(labels) > self.max_sentences:
-            raise InvalidArgument(f"the request's texts hold {len(labels)} sentences; the limit is "
-                                  f"{self.max_sentences} per request (send fewer or shorter texts)")
-        return plans, labels
-
     async def _translate(self, request: pb.TranslateRequest, context) -> pb.TranslateResponse:
-        texts = self._texts(request.texts)
-        model, source, detected = self.route(request.model, request.source_language, request.target_language, texts,
-                                             request.mime_type)
-        params, languages = decoding_params(request.options), (source, request.target_language)
-        plans, labels = await self._plan(model, texts, request.split_sentences, request.mime_type, languages, params)
-        self._charge(texts)
-        sources = [unit.source for plan in plans for unit in plan.units]
-        firsts = [j == 0 for plan in plans for j in range(len(plan.units))]  # a target prefix starts each text
-        futures, sinks = _futures(len(sources))
-        jobs = await self._off_loop(model.jobs, sources, params, sinks, deadline_of(context),
-                                    scores=request.return_scores, languages=languages, labels=labels,
-                                    prefixed=firsts)
-        calls.submitted(jobs)
-        results: list[FinishEvent] = await _run(model, jobs, futures) if jobs else []
-        calls.decoded(results)
+        results = Results()
+        admitted = await self.admission.translate(translate_call(request, deadline_of(context)), results.sink)
+        done: list[FinishEvent] = await results.wait(admitted.jobs) if admitted.jobs else []
+        calls.decoded(done)
+        model = admitted.model
         out = pb.TranslateResponse(model=model.name)
-        if detected is not None:
-            out.detected_source_language, out.detection_confidence = source, dict(detected.ranked).get(source, 0.0)
+        if admitted.detection is not None:
+            out.detected_source_language, out.detection_confidence = admitted.source_language, admitted.confidence
         start = 0
-        for plan in plans:
-            done = results[start:start + len(plan.units)]
+        for plan in admitted.plans:
+            units = done[start:start + len(plan.units)]
             start += len(plan.units)
-            self._add_translation(out, model, assemble(plan, done, model.tok), request)
+            self._add_translation(out, model, assemble(plan, units, model.tok), request)
         return out
 
     @staticmethod
@@ -361,25 +272,12 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         await self._guard("TranslateStream", request, context, produce)
 
     async def _stream(self, request: pb.TranslateStreamRequest, context) -> AsyncIterator:
-        texts = self._texts([request.text] if request.text else [])
-        model, source, detected = self.route(request.model, request.source_language, request.target_language, texts,
-                                             request.mime_type)
-        params, languages = decoding_params(request.options), (source, request.target_language)
-        if params.num_hypotheses != 1 or params.alternatives:
-            raise InvalidArgument("streaming returns one hypothesis: num_hypotheses must be 0 or 1, "
-                                  "alternatives 0")
-        (plan,), labels = await self._plan(model, texts, request.split_sentences, request.mime_type, languages,
-                                           params)
-        self._charge(texts)
+        call = translate_call(request, deadline_of(context))
         events: asyncio.Queue = asyncio.Queue()
         relay = relay_for(asyncio.get_running_loop())
-        sinks = [relay.sink(partial(_tagged, events.put_nowait, i)) for i in range(len(labels))]
-        jobs = await self._off_loop(model.jobs, [u.source for u in plan.units], params, sinks, deadline_of(context),
-                                    stream=True, languages=languages, labels=labels,
-                                    prefixed=[j == 0 for j in range(len(plan.units))])
-        calls.submitted(jobs)
-        if jobs:
-            model.scheduler.submit(jobs)
+        admitted = await self.admission.translate(
+            call, lambda i: relay.sink(partial(_tagged, events.put_nowait, i)))
+        model, jobs, (plan,) = admitted.model, admitted.jobs, admitted.plans
         doc = DocumentStream(plan, model.tok)
         try:
             unsent: list[int] = []  # released, but no visible text yet: rides along with the next message
@@ -404,8 +302,8 @@ class TranslatorService(pb_grpc.TranslatorServicer):
             yield pb.TranslateStreamResponse(
                 delta=delta, token_ids=unsent, final=True, finish_reason=FINISH[res.reason],
                 input_tokens=res.input_tokens, output_tokens=res.output_tokens, timings=timings(res.timing),
-                model=model.name, detected_source_language=source if detected else "",
-                detection_confidence=dict(detected.ranked).get(source, 0.0) if detected else 0.0)
+                model=model.name, detected_source_language=admitted.source_language if admitted.detection else "",
+                detection_confidence=admitted.confidence)
         finally:
             calls.note(output_tokens=sum(map(len, doc.ids)))  # decoded so far, if the stream was cut short
             if not doc.done:
@@ -416,12 +314,10 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         return await self._guard("Embed", request, context, lambda: self._embed(request, context))
 
     async def _embed(self, request: pb.EmbedRequest, context) -> pb.EmbedResponse:
-        model = self._model(request.model)
-        texts = self._texts(request.texts)
-        futures, sinks = _futures(len(texts))
-        jobs = await self._off_loop(model.embed_jobs, texts, sinks, deadline_of(context))
-        calls.submitted(jobs)
-        vectors = await _run(model, jobs, futures)
+        results = Results()
+        model, jobs = await self.admission.embed(request.model, list(request.texts), results.sink,
+                                                 deadline_of(context))
+        vectors = await results.wait(jobs)
         out = pb.EmbedResponse(model=model.name, dimension=model.bundle.spec.d_model)
         for job, vec in zip(jobs, vectors):
             if request.normalize:
@@ -431,8 +327,9 @@ class TranslatorService(pb_grpc.TranslatorServicer):
 
     async def ListModels(self, request: pb.ListModelsRequest, context) -> pb.ListModelsResponse:
         async def work():
-            out = pb.ListModelsResponse(default_model=self.default)
-            for name in sorted(self.models):
-                out.models.add(is_default=name == self.default, **self.models[name].info())
+            admission = self.admission
+            out = pb.ListModelsResponse(default_model=admission.default)
+            for name in sorted(admission.models):
+                out.models.add(is_default=name == admission.default, **admission.models[name].info())
             return out
         return await self._guard("ListModels", request, context, work)

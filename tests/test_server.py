@@ -13,6 +13,7 @@ from models.core.bundle import discover
 from models.core.runtime import OnnxModel, RuntimeOptions
 from models.core.static_decode import pad_batch
 from protos.nmt.v1 import translator_pb2 as pb
+from protos.nmt.v1 import translator_pb2_grpc as pb_grpc
 from server.request import DecodingParams, ErrorEvent, FinishEvent
 
 
@@ -445,3 +446,19 @@ def test_an_engine_failure_fails_its_batch_and_the_server_recovers(server, clien
     server.wait_idle()
     assert server.metric("nmt_kv_cache_usage_ratio") == 0
     assert client.translate(["A dog runs on the beach."]).translations[0].hypotheses[0].text
+
+
+def test_admission_reports_every_problem_of_a_request_at_once(server):
+    """One INVALID_ARGUMENT names all that is wrong (server/admission.py): the texts' shape, the document
+    options and the decoding options, so a caller fixes them in one go."""
+    request = pb.TranslateRequest(texts=["A dog."] * 65 + ["", "x" * 60_000], mime_type="application/pdf",
+                                  options=pb.DecodingOptions(beam_size=100, temperature=float("nan"),
+                                                             repetition_penalty=20))
+    with grpc.insecure_channel(server.target) as channel:
+        stub = pb_grpc.TranslatorStub(channel)
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Translate(request, timeout=30)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    for words in ("67 texts in one request", "longer than 50000 characters", "texts[65] is empty",
+                  "mime_type must be", "beam_size 100 exceeds", "temperature nan", "repetition_penalty 20"):
+        assert words in e.value.details(), (words, e.value.details())

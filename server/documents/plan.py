@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from server.errors import InvalidArgument
 
 # split_sentences values (the API's enum, as plain strings past the service edge)
 SPLIT_ON, SPLIT_OFF, SPLIT_NEWLINES = "on", "off", "newlines"
@@ -70,12 +69,11 @@ class DocumentOptions:
     split: str = SPLIT_ON
     mime_type: str = MIME_PLAIN
 
-    def check(self) -> "DocumentOptions":
+    def problems(self) -> list[str]:
         problems = []
         if self.split not in (SPLIT_ON, SPLIT_OFF, SPLIT_NEWLINES):
             problems.append(f"split_sentences must be on, off or newlines (got {self.split!r})")
         if self.mime_type not in (MIME_PLAIN, MIME_HTML):
             problems.append(f"mime_type must be {MIME_PLAIN} or {MIME_HTML} (got {self.mime_type!r})")
-        if problems:
-            raise InvalidArgument("; ".join(problems))
-        return self
+        return problems
+

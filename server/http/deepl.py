@@ -152,5 +152,5 @@ class DeepLApi:
         key_id, refused = self._authorized(request, params)
         if refused is not None:
             return self.edge.count(API, "usage", refused)
-        count, limit = self.edge.service.usage.report(key_id, self.edge.service.quota_of(key_id))
+        count, limit = self.edge.admission.usage.report(key_id, self.edge.admission.quota_of(key_id))
         return self.edge.count(API, "usage", JSONResponse({"character_count": count, "character_limit": limit}))

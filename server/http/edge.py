@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from server.gateway import Caller, CallFailed, Gateway
-from server.language_id import LanguageIdentifier
+from server.admission import Admission
 
 # gRPC status -> HTTP status, as grpc-gateway and Google's HTTP APIs map them.
 HTTP_STATUS = {
@@ -50,9 +50,8 @@ def language_name(code: str) -> str:
 @dataclass
 class Edge:
     gateway: Gateway
-    service: object  # server.service.TranslatorService: models, default model
+    admission: Admission  # the models, the default one, the language identifier, character usage
     metrics: object
-    detector: LanguageIdentifier
     max_body_bytes: int
     body_timeout_s: float
     keys: object = None  # server.security.keys.KeyStore, or None when auth is off
@@ -89,8 +88,8 @@ class Edge:
     # -- languages ----------------------------------------------------------------------
     def pairs(self) -> list[tuple[str, str, str]]:
         """(model, source, target) for every pair every model serves; the default model first."""
-        models = self.service.models
-        order = [self.service.default] + sorted(n for n in models if n != self.service.default)
+        models = self.admission.models
+        order = [self.admission.default] + sorted(n for n in models if n != self.admission.default)
         return [(name, s, t) for name in order for s, t in models[name].bundle.languages.pairs]
 
     def sources(self, target: str = "") -> list[str]:

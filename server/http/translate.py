@@ -41,8 +41,8 @@ class Ask:
 
 async def detect(edge: Edge, texts: list[str], html: bool) -> list[Detection]:
     def work() -> list[Detection]:
-        return [edge.detector.detect(t, html) for t in texts]
-    return await asyncio.get_running_loop().run_in_executor(edge.service.executor, work)
+        return [edge.admission.identifier.detect(t, html) for t in texts]
+    return await asyncio.get_running_loop().run_in_executor(edge.admission.executor, work)
 
 
 async def translate(edge: Edge, ask: Ask, caller: Caller) -> list[Translated]:

@@ -72,6 +72,12 @@ def test_native_translate_with_curl_equals_grpc(srv):
     assert reply["model"] == "multi30k-en-de-small"
     assert all("score" in t["hypotheses"][0] and t["finishReason"] == "FINISH_REASON_EOS"
                for t in reply["translations"])
+    stream = subprocess.run(["curl", "-sSN", "--fail-with-body", "-H", "Content-Type: application/json", "-d",
+                             json.dumps({"text": " ".join(texts), "targetLanguage": "de"}),
+                             f"{srv.http}/v1/translate:stream"], capture_output=True, text=True, timeout=60, check=True)
+    events = [json.loads(line[len("data: "):]) for line in stream.stdout.splitlines() if line.startswith("data: ")]
+    assert events[-1]["final"] and "".join(e.get("delta", "") for e in events) == \
+        grpc_texts(srv, [" ".join(texts)], target_language="de")[0]
 
 
 def test_native_stream_is_server_sent_events_equal_to_unary(srv):
@@ -307,6 +313,14 @@ def test_bad_input_gets_each_apis_error_and_the_grpc_side_keeps_serving(srv):
             kwargs.setdefault("headers", {"content-type": "application/json"})
             r = http.post(f"{srv.http}{path}", **kwargs)
             assert r.status_code == status and field in r.json(), (path, status, r.status_code, r.text[:200])
+        for path, body, status, field in (("/v1/embed", {"texts": "A dog."}, 400, "error"),
+                                          ("/v1/embed", {"texts": [" "]}, 400, "error"),
+                                          ("/detect", {}, 400, "error"), ("/detect", {"q": ["a", "b"]}, 400, "error"),
+                                          ("/v2/languages", {"type": "both"}, 400, "message"),
+                                          ("/translate", {"q": "a", "source": "en", "target": "de",
+                                                          "alternatives": 99}, 400, "error")):
+            r = http.post(f"{srv.http}{path}", json=body)
+            assert r.status_code == status and field in r.json(), (path, body, r.status_code, r.text[:200])
         assert http.get(f"{srv.http}/v1/translate").status_code == 405
         assert http.get(f"{srv.http}/no/such/path").json()["error"]["status"] == "NOT_FOUND"
         assert http.get(f"{srv.http}/readyz").status_code == 200

@@ -63,18 +63,18 @@ class EngineLoop(threading.Thread):
     def iteration(self, now: float) -> bool:
         """One schedule -> execute -> update round; False if there was nothing to run."""
         sched, engine = self.scheduler, self.engine
-        plan = sched.schedule(now)
-        if plan.encode:
-            for job, rows in zip(plan.encode, engine.encode(plan.encode)):
+        scheduled = sched.schedule(now)
+        if scheduled.encode:
+            for job, rows in zip(scheduled.encode, engine.encode(scheduled.encode)):
                 sched.start(job, rows)
-        if plan.embed:
-            vectors = engine.embed(plan.embed)
-            for job, vec in zip(plan.embed, vectors):
+        if scheduled.embed:
+            vectors = engine.embed(scheduled.embed)
+            for job, vec in zip(scheduled.embed, vectors):
                 job.timing.finished = time.monotonic()
                 job.sink(vec)
             relay.flush()  # embeddings are done: do not hold them for the decode step
         if not engine.cache.used:
-            return bool(plan.encode or plan.embed)
+            return bool(scheduled.encode or scheduled.embed)
         sched.update(engine.decode_step(sched.controls()), time.monotonic())
         return True
 

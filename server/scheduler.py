@@ -3,7 +3,7 @@
 Each engine-loop iteration is  schedule() -> engine work -> update():
   * schedule() drops cancelled and expired work, then admits waiting jobs
     (first come, first served) while KV slots and the encoder's token budget
-    allow; the result is a StepPlan.
+    allow; the result, `Scheduled`, lists the jobs to encode and to embed this step.
   * the engine encodes the admitted jobs into fresh slots and runs one decode
     step over every running row (old and new together: continuous batching).
   * controls() says what each running row needs this step (greedy, sampling with
@@ -56,7 +56,9 @@ class Running:
 
 
 @dataclass
-class StepPlan:
+class Scheduled:
+    """What one schedule() admitted: jobs to encode into fresh slots, and embedding jobs. (Not a document's
+    split: that is server/documents/plan.py's Plan.)"""
     encode: list[Job] = field(default_factory=list)
     embed: list[EmbedJob] = field(default_factory=list)
 
@@ -116,9 +118,9 @@ class Scheduler:
         with self.lock:
             return now - self.waiting[0].timing.arrival if self.waiting else 0.0
 
-    def schedule(self, now: float) -> StepPlan:
+    def schedule(self, now: float) -> Scheduled:
         self._drop_stale_running(now)
-        plan = StepPlan()
+        scheduled = Scheduled()
         free = self.cache.free
         tokens = 0
         with self.lock:
@@ -131,7 +133,7 @@ class Scheduler:
                     continue
                 rows = job.params.rows if isinstance(job, Job) else 0
                 size = len(job.src_ids)
-                batch = len(plan.encode) + len(plan.embed)
+                batch = len(scheduled.encode) + len(scheduled.embed)
                 # A text over the encoder budget is encoded alone rather than never (start-up refuses
                 # a budget below --max-source-tokens; this keeps the queue moving whatever the limits).
                 fits = rows <= free and batch < self.max_encode_batch \
@@ -143,10 +145,10 @@ class Scheduler:
                 tokens += size
                 job.timing.scheduled = now
                 self.m.queue_time.observe(now - job.timing.arrival)
-                (plan.encode if isinstance(job, Job) else plan.embed).append(job)
+                (scheduled.encode if isinstance(job, Job) else scheduled.embed).append(job)
             self.waiting = kept
             self.m.waiting.set(len(self.waiting))
-        return plan
+        return scheduled
 
     def start(self, job: Job, rows: list[Row]) -> None:
         """The engine encoded `job` into `rows`; it decodes from the next step on."""

@@ -1,0 +1,238 @@
+"""Where the server's CPU goes under load, by thread and by component: the frontend's share measured.
+
+    python -m benchmarks.frontend_profile [--streams 64] [--unary-clients 4] [--seconds 20]
+
+Starts the server (shipped model, default settings, gRPC only), drives it with the load
+generator in another process — streams (`--rpc stream --concurrency N`, one message per token)
+and unary calls of 32 texts — and samples the server with py-spy (`record --threads
+--function --format raw`, 100 Hz, the process paused per sample) over a window in the middle
+of the load. Over the same window it reads the server's CPU time (/proc/PID/stat) and its
+generated tokens (nmt_output_tokens_total), so each component's share becomes microseconds of
+server CPU per output token.
+
+A sample is charged to the innermost frame we can name (self time): ONNX Runtime, grpc
+(grpc.aio and its Cython core), protobuf, the asyncio machinery, prometheus_client, logging,
+numpy, or a module of this repository. Samples where no Python frame is on the CPU (a native
+thread of grpc's core or ONNX Runtime's pool) are counted per thread under "native". The event
+loop's thread (the frontend: gRPC handlers, the relay, detokenisation, documents) and the
+engine thread are reported apart, and the loop thread's time is also split by the
+repository function it is under (inclusive), to say which stage of a request costs what. Samples whose innermost frame is a known blocking wait
+(an idle executor worker, select, a condition wait) are dropped: py-spy's idle detection misses
+those.
+Writes docs/benchmarks/frontend_profile.md.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Sequence
+
+from benchmarks.serving_load import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+RATE = 100  # py-spy samples per second
+SRC = ROOT.parent / "shared" / "data" / "multi30k" / "test_2016_flickr.en"
+FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^():]+)(?::\d+)?\)$")
+# (label, predicate on the frame's file) — first match wins; order from most to least specific.
+COMPONENTS = (
+    ("onnxruntime", lambda f: "onnxruntime" in f),
+    ("grpc", lambda f: "grpc" in f or f.endswith(".pyx") or f.endswith(".pxi")),
+    ("protobuf", lambda f: "google/protobuf" in f or "protos/nmt" in f),
+    ("prometheus_client", lambda f: "prometheus_client" in f),
+    ("logging", lambda f: f.startswith("logging/") or "/logging/" in f or "pythonjsonlogger" in f),
+    ("asyncio", lambda f: "asyncio/" in f or f in ("selectors.py", "contextvars.py")),
+    ("numpy", lambda f: "numpy" in f),
+    ("threading", lambda f: f in ("threading.py", "queue.py")),
+)
+
+
+def component(file: str) -> str:
+    for label, match in COMPONENTS:
+        if match(file):
+            return label
+    if file.startswith(("server/", "models/", "client/")):
+        return file
+    return "other Python"
+
+
+def parse(raw: str) -> list[tuple[str, list[tuple[str, str]], int]]:
+    """py-spy's raw lines -> (thread name, [(function, file)], samples)."""
+    out = []
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = stack.split(";")
+        thread = frames[0].split(": ", 1)[-1] if frames[0].startswith("thread") else "?"
+        parsed = []
+        for frame in frames[1:]:
+            m = FRAME.match(frame)
+            parsed.append((m["func"], m["file"]) if m else (frame, ""))
+        out.append((thread, parsed, int(count)))
+    return out
+
+
+# Leaf frames that are a thread blocked in a C call (a queue, a lock, select): py-spy's idle
+# detection misses these, so they are dropped here rather than charged as CPU.
+IDLE = {("_worker", "concurrent/futures/thread.py"), ("_PollLikeSelector.select", "selectors.py"),
+        ("EpollSelector.select", "selectors.py"), ("Condition.wait", "threading.py"), ("Event.wait", "threading.py"),
+        ("Thread.run", "threading.py"), ("Scheduler.wait_for_work", "server/scheduler.py")}
+
+
+def thread_kind(name: str) -> str:
+    if name.startswith("engine-"):
+        return "engine thread"
+    if name.startswith("MainThread"):
+        return "event loop (frontend)"
+    if name.startswith("nmt-prep"):
+        return "admission workers"
+    if "_poll_wrapper" in name:
+        return "grpc poller"
+    return "other threads"
+
+
+def summarise(samples) -> dict:
+    by_thread: collections.Counter = collections.Counter()
+    by_component: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    stages: collections.Counter = collections.Counter()
+    idle = 0
+    for thread, frames, n in samples:
+        if frames and frames[-1] in IDLE:
+            idle += n
+            continue
+        kind = thread_kind(thread)
+        by_thread[kind] += n
+        leaf = frames[-1][1] if frames else ""
+        by_component[kind][component(leaf) if leaf else "native"] += n
+        if kind == "event loop (frontend)":
+            # The innermost repository function on the stack: the stage of a request that was running
+            # (with whatever grpc, protobuf or asyncio code it called).
+            ours = [f"{func} ({file})" for func, file in frames
+                    if file.startswith(("server/", "models/")) and file != "server/__main__.py"]
+            stages[ours[-1] if ours else "grpc.aio and asyncio between handlers"] += n
+    return {"threads": by_thread, "components": by_component, "stages": stages, "idle": idle}
+
+
+def server_cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def output_tokens(metrics_port: int) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("nmt_output_tokens_total{"))
+
+
+def profile(load: list[str], seconds: float, py_spy: str) -> dict:
+    port, metrics_port = free_port(), free_port()
+    server = subprocess.Popen([sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port),
+                               "--metrics-port", str(metrics_port), "--http-port", "-1", "--log-level", "warning"],
+                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(300):
+            try:
+                output_tokens(metrics_port)
+                break
+            except OSError:
+                time.sleep(0.2)
+        time.sleep(2)  # warm-up finished (the metrics port opens before it)
+        client = subprocess.Popen([sys.executable, "-m", "client.loadgen", "--target", f"127.0.0.1:{port}",
+                                   "--src-file", str(SRC), "--duration", str(seconds + 10), "--quiet", *load],
+                                  cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(5)  # past the ramp-up
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "raw.txt"
+            cpu0, tok0, t0 = server_cpu(server.pid), output_tokens(metrics_port), time.perf_counter()
+            spy = subprocess.run([py_spy, "record", "--pid", str(server.pid), "--duration", str(int(seconds)),
+                                  "--rate", str(RATE), "--format", "raw", "--threads", "--function", "-o", str(out)],
+                                 check=True, capture_output=True, text=True)
+            cpu1, tok1, t1 = server_cpu(server.pid), output_tokens(metrics_port), time.perf_counter()
+            samples = parse(out.read_text())
+            if "behind" in spy.stdout + spy.stderr:
+                print("  warning: py-spy fell behind its sampling rate; the µs figures are low", file=sys.stderr)
+        client.wait(seconds + 120)
+    finally:
+        server.terminate()
+        server.wait(60)
+    tokens = tok1 - tok0
+    # A sample is one 10 ms tick (100 Hz) of one thread on a CPU: ticks x 10 ms = that thread's CPU time.
+    tick_s = 1 / RATE
+    return {"summary": summarise(samples), "cpu_s": cpu1 - cpu0, "tokens": tokens, "wall_s": t1 - t0,
+            "us_per_token": 1e6 * (cpu1 - cpu0) / max(tokens, 1), "us_per_sample_token": 1e6 * tick_s / max(tokens, 1)}
+
+
+def render(results: dict, argv: Sequence[str]) -> str:
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    out = ["# Where the server's CPU goes under load", "",
+           f"`python -m benchmarks.frontend_profile {' '.join(argv)}` — {datetime.now(timezone.utc):%Y-%m-%d}, {cpu}, "
+           f"{os.cpu_count()} cores shared by the server and the load generator; shipped model (en->de), default "
+           "settings, py-spy at 100 Hz over the window (the server pauses per sample: absolute rates are a little "
+           "low, shares are what matter).", ""]
+    for name, r in results.items():
+        s = r["summary"]
+        total = sum(s["threads"].values())
+        per = r["us_per_sample_token"]  # µs of CPU per output token that one sample stands for
+        visible = per * total
+        out += [f"## {name}", "",
+                f"{r['tokens']:,.0f} output tokens in {r['wall_s']:.1f} s ({r['tokens'] / r['wall_s']:,.0f} tokens/s); "
+                f"server CPU {r['cpu_s']:.1f} s = **{r['us_per_token']:.0f} µs per output token**, of which "
+                f"{visible:.0f} µs in threads running Python (sampled; {s['idle']:,} samples of threads blocked in a "
+                f"queue, lock or select dropped) and {r['us_per_token'] - visible:.0f} µs in native threads (ONNX "
+                "Runtime's intra-op pool, grpc's core).",
+                "", "| thread | share of Python samples | µs per token |", "|---|---|---|"]
+        for kind, n in s["threads"].most_common():
+            out.append(f"| {kind} | {100 * n / total:.1f}% | {per * n:.0f} |")
+        for kind in ("event loop (frontend)", "engine thread", "admission workers", "other threads"):
+            comp = s["components"].get(kind)
+            if not comp:
+                continue
+            out += ["", f"{kind}, self time by component:", "", "| component | share of Python samples | µs per token |",
+                    "|---|---|---|"]
+            for label, n in comp.most_common(14):
+                out.append(f"| {label} | {100 * n / total:.1f}% | {per * n:.0f} |")
+        out += ["", "event loop, by the innermost repository function on the stack (the request's stage, with the "
+                "grpc/protobuf/asyncio code it called):", "",
+                "| stage | share of Python samples | µs per token |", "|---|---|---|"]
+        for label, n in s["stages"].most_common(16):
+            out.append(f"| `{label}` | {100 * n / total:.1f}% | {per * n:.1f} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--streams", type=int, default=64)
+    p.add_argument("--unary-clients", type=int, default=4)
+    p.add_argument("--seconds", type=float, default=20)
+    p.add_argument("--out", default="docs/benchmarks/frontend_profile.md")
+    args = p.parse_args(argv)
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(py_spy).exists():
+        p.error("py-spy is needed: pip install py-spy")
+    loads = {f"{args.streams} streams, a message per token": ["--rpc", "stream", "--concurrency", str(args.streams)],
+             f"unary, {args.unary_clients} clients x 32 texts": ["--rpc", "unary", "--texts-per-call", "32",
+                                                                "--concurrency", str(args.unary_clients)]}
+    results = {}
+    for name, load in loads.items():
+        print(f"profiling: {name}", file=sys.stderr)
+        results[name] = profile(load, args.seconds, py_spy)
+        print(f"  {results[name]['us_per_token']:.0f} µs of server CPU per token", file=sys.stderr)
+    report = render(results, list(argv if argv is not None else sys.argv[1:]))
+    Path(args.out).write_text(report)
+    print(report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

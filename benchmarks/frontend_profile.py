@@ -37,7 +37,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Sequence
 
-from benchmarks.serving_load import free_port
+from benchmarks.harness import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 RATE = 100  # py-spy samples per second
@@ -135,18 +135,9 @@ def output_tokens(metrics_port: int) -> float:
 
 
 def profile(load: list[str], seconds: float, py_spy: str) -> dict:
-    port, metrics_port = free_port(), free_port()
-    server = subprocess.Popen([sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port),
-                               "--metrics-port", str(metrics_port), "--http-port", "-1", "--log-level", "warning"],
-                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = ServerProcess("--log-level", "warning").start()
+    port, metrics_port = server.port, server.metrics_port
     try:
-        for _ in range(300):
-            try:
-                output_tokens(metrics_port)
-                break
-            except OSError:
-                time.sleep(0.2)
-        time.sleep(2)  # warm-up finished (the metrics port opens before it)
         client = subprocess.Popen([sys.executable, "-m", "client.loadgen", "--target", f"127.0.0.1:{port}",
                                    "--src-file", str(SRC), "--duration", str(seconds + 10), "--quiet", *load],
                                   cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -163,8 +154,7 @@ def profile(load: list[str], seconds: float, py_spy: str) -> dict:
                 print("  warning: py-spy fell behind its sampling rate; the µs figures are low", file=sys.stderr)
         client.wait(seconds + 120)
     finally:
-        server.terminate()
-        server.wait(60)
+        server.stop()
     tokens = tok1 - tok0
     # A sample is one 10 ms tick (100 Hz) of one thread on a CPU: ticks x 10 ms = that thread's CPU time.
     tick_s = 1 / RATE

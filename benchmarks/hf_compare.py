@@ -29,7 +29,8 @@ from typing import Sequence
 import torch
 
 from benchmarks.serving_compare import measure, median_of
-from benchmarks.serving_load import free_port, wait_serving
+from benchmarks.harness import ServerProcess, free_port
+from benchmarks.serving_load import wait_serving
 
 ROOT = Path(__file__).resolve().parents[1]
 CAPTIONS = ROOT / "tests/data/test_2016_flickr.head200.en"
@@ -80,16 +81,16 @@ def prepare(work: Path) -> dict:
 
 
 def start(kind: str, paths: dict, args) -> tuple[subprocess.Popen, str]:
-    port = free_port()
     if kind == "ours":
-        cmd = [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port), "--http-port", "-1", "--metrics-port", "-1",
-               "--model-repository", paths["repo"], "--max-queue-size", "4096",
-               "--max-batch-size", str(args.max_batch_size),
-               "--runaway-guard", "false"]  # random weights with EOS suppressed loop by design
-    else:
-        cmd = [sys.executable, "-m", "benchmarks.ct2_server", "--model", paths["ct2"], "--bundle", paths["bundle"],
-               "--port", str(port), "--http-port", "-1", "--threads", str(args.ct2_threads), "--compute-type", "float32",
-               "--max-batch", str(args.max_batch_size)]
+        server = ServerProcess("--model-repository", paths["repo"], "--max-queue-size", "4096",
+                               "--max-batch-size", str(args.max_batch_size),
+                               "--runaway-guard", "false",  # random weights with EOS suppressed loop by design
+                               metrics=False).launch()
+        return server.proc, server.target
+    port = free_port()  # the CTranslate2 peer (benchmarks/ct2_server.py)
+    cmd = [sys.executable, "-m", "benchmarks.ct2_server", "--model", paths["ct2"], "--bundle", paths["bundle"],
+           "--port", str(port), "--threads", str(args.ct2_threads), "--compute-type", "float32",
+           "--max-batch", str(args.max_batch_size)]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), f"127.0.0.1:{port}"
 
 

@@ -18,7 +18,6 @@ import argparse
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -28,27 +27,12 @@ from typing import Callable, Sequence
 
 import httpx
 
-from benchmarks.serving_load import free_port
+from benchmarks.harness import ServerProcess
 from client.client import TranslatorClient
 from models.data import multi30k_file
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "multi30k"
-
-
-def start_server(grpc_port: int, http_port: int) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(grpc_port),
-                             "--http-port", str(http_port), "--metrics-port", "-1", "--log-level", "warning"],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(600):
-        try:
-            if httpx.get(f"http://127.0.0.1:{http_port}/readyz", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("the server did not become ready")
 
 
 def via_grpc(target: str) -> Callable[[list[str]], int]:
@@ -115,9 +99,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     lines = multi30k_file("test_2016_flickr.en", data_dir=SHARED).splitlines()
     batches = [lines[i:i + args.batch] for i in range(0, len(lines) - args.batch + 1, args.batch)]
-    grpc_port, http_port = free_port(), free_port()
-    proc = start_server(grpc_port, http_port)
-    target, base = f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{http_port}"
+    server = ServerProcess("--log-level", "warning", metrics=False, http_port=0).start()
+    target, base = server.target, server.http_url
     try:
         counter = via_grpc(target)
         tokens_of = {tuple(b): counter(b) for b in batches}  # also warms every batch shape once
@@ -132,8 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"round {r + 1}/{args.rounds} {name}: {results[name][-1]['tokens_per_s']:.0f} tokens/s",
                       file=sys.stderr)
     finally:
-        proc.terminate()
-        proc.wait(60)
+        server.stop()
     report = render(results, args, argv)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(report)

@@ -33,13 +33,14 @@ import asyncio
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 from typing import Sequence
+
+from benchmarks.harness import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 MB = 1 << 20
@@ -95,12 +96,6 @@ def largest_anonymous(pid: int, n: int = 16) -> list[tuple[int, int]]:
     """(size, resident) of the n most resident anonymous mappings, in MB (for attributing them)."""
     anon = sorted(((size, rss) for name, size, rss in smaps(pid) if not name), key=lambda t: -t[1])[:n]
     return [(round(size / MB, 1), round(rss / MB, 1)) for size, rss in anon]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def metric(port: int, name: str) -> float:
@@ -348,16 +343,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tests.serving import flickr_sentences
     texts = Path(args.src_file).read_text(encoding="utf-8").splitlines() if Path(args.src_file).exists() \
         else flickr_sentences(200)
-    port, metrics_port = free_port(), free_port()
     env = dict(os.environ, **({"LD_PRELOAD": args.preload} if args.preload else {}))
-    proc = subprocess.Popen([sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port), "--http-port", "-1",
-                             "--metrics-port", str(metrics_port), "--model-repository", args.repository,
-                             *server_flags], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = ServerProcess("--model-repository", args.repository, *server_flags, env=env).launch()
     try:
-        res = asyncio.run(drive(args, proc, port, metrics_port, texts))
+        res = asyncio.run(drive(args, server.proc, server.port, server.metrics_port, texts))
     finally:
-        proc.terminate()
-        proc.wait(60)
+        server.stop()
     res["cache"] = cache_sizes(args.repository, server_flags)
     if not args.no_ort_probe:
         res["ort"] = {}

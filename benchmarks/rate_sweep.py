@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from benchmarks.serving_load import free_port
+from benchmarks.harness import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -84,10 +84,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.src_file = str(ROOT / "tests/data/test_2016_flickr.head200.en")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    port, metrics_port = free_port(), free_port()
-    server = subprocess.Popen([sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port), "--http-port", "-1",
-                               "--metrics-port", str(metrics_port), *args.server_flags.split()],
-                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = ServerProcess(*args.server_flags.split()).launch()
+    port, metrics_port = server.port, server.metrics_port
     result_path = out.with_suffix(".json")
     try:
         cmd = [sys.executable, "-m", "client.loadgen", "--target", f"127.0.0.1:{port}", "--src-file", args.src_file,
@@ -97,8 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                "--json", str(result_path), "--report", str(out.with_suffix(""))]
         subprocess.run(cmd, cwd=ROOT, check=True)
     finally:
-        server.terminate()
-        server.wait(30)
+        server.stop()
     out.write_text(render(json.loads(result_path.read_text()), args, argv))
     print(out.read_text())
     return 0

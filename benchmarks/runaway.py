@@ -17,12 +17,10 @@ import time
 from pathlib import Path
 
 import asyncio
-import socket
-import subprocess
-import sys
 
 import sacrebleu
 
+from benchmarks.harness import ServerProcess
 from benchmarks.serving_load import wait_serving
 from client.client import AsyncTranslatorClient
 from models.core import static_decode
@@ -101,21 +99,15 @@ def server_check(texts: list[str], refs: list[str], bundle: Path) -> list[str]:
     the newest version of that model, which the bundle is unless an older one was named)."""
     results = {}
     for guard in ("true", "false"):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        proc = subprocess.Popen([sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port), "--http-port", "-1",
-                                 "--metrics-port", "-1", "--runaway-guard", guard, "--max-queue-size", "4096",
-                                 "--max-sentences-per-request", "64", "--model-repository", str(bundle.parent.parent),
-                                 "--default-model", bundle.parent.name], cwd=ROOT,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        server = ServerProcess("--runaway-guard", guard, "--max-queue-size", "4096",
+                               "--max-sentences-per-request", "64", "--model-repository", str(bundle.parent.parent),
+                               "--default-model", bundle.parent.name, metrics=False).launch()
         try:
             for beam in (1, 5):
                 print(f"server, guard {guard}, beam {beam}", flush=True)
-                results[guard, beam] = asyncio.run(_served(f"127.0.0.1:{port}", texts, beam))
+                results[guard, beam] = asyncio.run(_served(server.target, texts, beam))
         finally:
-            proc.terminate()
-            proc.wait(30)
+            server.stop()
     lines = ["", "Through the server (`python -m server --runaway-guard true|false`, test_2016_flickr, each sentence "
              "its own text), sacreBLEU against the references:", "",
              "| decoding | outputs that differ | finished RUNAWAY | BLEU guard on | BLEU guard off |", "|---|---|---|---|---|"]

@@ -30,7 +30,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from benchmarks.serving_load import cpu_seconds, free_port, wait_serving
+from benchmarks.harness import ServerProcess, free_port
+from benchmarks.serving_load import cpu_seconds, wait_serving
 
 ROOT = Path(__file__).resolve().parents[1]
 CKPT = ROOT / "models/pretrained/multi30k-en-de-small/model.pt"
@@ -55,16 +56,15 @@ def prepare(work: Path, precisions: list[str]) -> dict:
 
 
 def start(kind: str, prec: str, paths: dict, args) -> tuple[subprocess.Popen, str]:
-    port = free_port()
     if kind in ("ours", "before"):
         flags = args.ours_flags if kind == "ours" else args.before_flags
-        cmd = [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port), "--http-port", "-1", "--metrics-port", "-1",
-               "--model-repository", paths["repo"], "--variant", prec, "--max-queue-size", "4096",
-               "--max-batch-size", str(args.max_batch_size), *flags.split()]
-    else:
-        cmd = [sys.executable, "-m", "benchmarks.ct2_server", "--model", paths["ct2"], "--tokenizer",
-               paths["tokenizer"], "--port", str(port), "--http-port", "-1", "--threads", str(args.ct2_threads),
-               "--compute-type", "int8" if prec == "int8" else "float32", "--max-batch", str(args.max_batch_size)]
+        server = ServerProcess("--model-repository", paths["repo"], "--variant", prec, "--max-queue-size", "4096",
+                               "--max-batch-size", str(args.max_batch_size), *flags.split(), metrics=False).launch()
+        return server.proc, server.target
+    port = free_port()  # the CTranslate2 peer (benchmarks/ct2_server.py)
+    cmd = [sys.executable, "-m", "benchmarks.ct2_server", "--model", paths["ct2"], "--tokenizer",
+           paths["tokenizer"], "--port", str(port), "--threads", str(args.ct2_threads),
+           "--compute-type", "int8" if prec == "int8" else "float32", "--max-batch", str(args.max_batch_size)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return proc, f"127.0.0.1:{port}"
 

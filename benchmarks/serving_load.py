@@ -17,7 +17,6 @@ import asyncio
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import time
@@ -26,15 +25,10 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from benchmarks.harness import ServerProcess
 from client.loadgen import Sample, grpc_stream, run_level
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def server_flags(args) -> list[str]:
@@ -172,18 +166,14 @@ async def inprocess(args, texts) -> dict:
 
 async def through_grpc(args, texts) -> dict:
     from client.client import AsyncTranslatorClient
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port), "--http-port", "-1",
-                             "--metrics-port", "-1", *server_flags(args)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = ServerProcess(*server_flags(args), metrics=False).launch()
     try:
-        async with AsyncTranslatorClient(f"127.0.0.1:{port}", timeout=300, retries=0) as client:
+        async with AsyncTranslatorClient(server.target, timeout=300, retries=0) as client:
             await wait_serving(client)
-            cpu = lambda: (cpu_seconds(), cpu_seconds(proc.pid))  # noqa: E731 (client, server)
+            cpu = lambda: (cpu_seconds(), cpu_seconds(server.pid))  # noqa: E731 (client, server)
             return {"levels": await run_all(grpc_stream(client), texts, args, cpu)}
     finally:
-        proc.terminate()
-        proc.wait(60)
+        server.stop()
 
 
 async def wait_serving(client, tries: int = 600) -> None:

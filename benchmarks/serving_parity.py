@@ -25,13 +25,13 @@ import argparse
 import asyncio
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Sequence
 
-from benchmarks.serving_load import free_port, wait_serving
+from benchmarks.harness import ServerProcess
+from benchmarks.serving_load import wait_serving
 
 ROOT = Path(__file__).resolve().parents[1]
 CKPT = ROOT / "models/pretrained/multi30k-en-de-small/model.pt"
@@ -114,20 +114,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         reference = torch_greedy(texts)
     rows, failed = [], False
     for decoder in args.decoders:
-        port = free_port()
-        proc = subprocess.Popen([sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port), "--http-port", "-1",
-                                 "--metrics-port", "-1", "--decoder", decoder, "--max-queue-size", "4096",
-                                 # The reference has no runaway guard; what the guard changes (loops only)
-                                 # is measured by benchmarks/runaway.py.
-                                 "--runaway-guard", "false",
-                                 "--variant", args.variant],
-                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # The reference has no runaway guard; what the guard changes (loops only) is measured by
+        # benchmarks/runaway.py.
+        server = ServerProcess("--decoder", decoder, "--max-queue-size", "4096", "--runaway-guard", "false",
+                               "--variant", args.variant, metrics=False).launch()
         try:
             print(f"server --decoder {decoder}", file=sys.stderr, flush=True)
-            got = asyncio.run(collect(f"127.0.0.1:{port}", texts, args.beam))
+            got = asyncio.run(collect(server.target, texts, args.beam))
         finally:
-            proc.terminate()
-            proc.wait(30)
+            server.stop()
         if reference is not None:
             pairs = [("batched", "PyTorch greedy", got["batched"], reference),
                      ("alone", "PyTorch greedy", got["alone"], reference)]

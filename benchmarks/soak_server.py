@@ -5,9 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
-import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -16,6 +14,7 @@ from typing import Optional
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from benchmarks import harness
 from benchmarks.soak_traffic import BadResponse, Recorder, Traffic
 from protos.nmt.v1 import translator_pb2 as pb
 
@@ -23,50 +22,16 @@ ROOT = Path(__file__).resolve().parents[1]
 GAUGES = ("nmt_running_requests", "nmt_waiting_requests", "nmt_kv_cache_usage_ratio")
 
 
-def free_port() -> int:
-    """A free loopback port (as benchmarks/serving_load.py picks one; not imported, to keep its load
-    generator's imports out of the harness)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class ServerProcess:
-    """`python -m server` on free loopback ports, its output in a log file (a pipe nobody reads
-    would fill up and block the server mid-run)."""
+class ServerProcess(harness.ServerProcess):
+    """The harness's server process (benchmarks/harness.py) with what the soak reads besides: its
+    resident memory, and an awaitable wait for SERVING (the soak runs on an event loop)."""
 
     def __init__(self, flags: list[str], log_path: Path):
-        self.port, self.metrics_port = free_port(), free_port()
-        self.log_path = log_path
-        self._log = open(log_path, "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(self.port), "--http-port", "-1",
-             "--metrics-port", str(self.metrics_port), *flags],
-            cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT)
-
-    @property
-    def target(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    @property
-    def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+        super().__init__(*flags, log_path=log_path)
+        self.launch()
 
     async def wait_serving(self, timeout: float = 180.0) -> None:
-        async with grpc.aio.insecure_channel(self.target) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            end = time.monotonic() + timeout
-            while time.monotonic() < end:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"the server exited with {self.proc.returncode}:\n{self.log_tail()}")
-                try:
-                    resp = await stub.Check(health_pb2.HealthCheckRequest(), timeout=2.0)
-                    if resp.status == health_pb2.HealthCheckResponse.SERVING:
-                        return
-                except grpc.aio.AioRpcError:
-                    pass  # not listening yet
-                await asyncio.sleep(0.2)
-        raise RuntimeError(f"the server was not SERVING after {timeout:.0f} s:\n{self.log_tail()}")
+        await asyncio.to_thread(super().wait_serving, timeout)
 
     def rss_mb(self) -> Optional[float]:
         try:
@@ -76,19 +41,9 @@ class ServerProcess:
         m = re.search(r"^VmRSS:\s+(\d+) kB", status, re.M)
         return int(m.group(1)) / 1024 if m else None
 
-    def log_text(self) -> str:
-        self._log.flush()
-        return self.log_path.read_text(errors="replace")
-
-    def log_tail(self, lines: int = 30) -> str:
-        return "\n".join(self.log_text().splitlines()[-lines:])
-
-    def stop(self) -> None:
-        """Only for the harness's own failures: the drain test sends SIGTERM itself."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(30)
-        self._log.close()
+    def stop(self, timeout: float = 0.0) -> Optional[int]:
+        """Only for the soak's own failures (the drain test sends SIGTERM itself): kill at once."""
+        return super().stop(timeout)
 
 
 class RssSampler:

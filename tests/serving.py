@@ -5,12 +5,12 @@ import asyncio
 import os
 import re
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
 from pathlib import Path
 
+from benchmarks.harness import ServerProcess
 from models.data import multi30k_file
 from server.app import TranslationServer
 from server.config import ServerConfig
@@ -136,9 +136,9 @@ def flickr_sentences(n: int) -> list[str]:
 
 
 def start_subprocess(port: int, metrics_port: int, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port),
-                             "--metrics-port", str(metrics_port), *extra], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    """`python -m server` as a process through the harness (benchmarks/harness.py), its output in a pipe
+    the test reads."""
+    return ServerProcess(*extra, port=port, metrics_port=metrics_port, pipe=True).launch().proc
 
 
 class EngineGate:

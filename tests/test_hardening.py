@@ -5,14 +5,13 @@ that hangs), an EngineGate holds the engine loop there instead of racing it.
 """
 import logging
 import math
-import subprocess
-import sys
 import threading
 import time
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from benchmarks.harness import run_server
 from serving import ROOT, EngineGate, ServerThread, wait_for
 
 from client import TranslatorClient
@@ -124,8 +123,7 @@ def test_contradictory_settings_refused_at_start_up():
         ServerThread(max_queue_size=16, max_batch_tokens=32, metrics_port=-1).start()
     assert "--max-queue-size 16 is below --max-sentences-per-request 512" in str(err.value)
     assert "--max-batch-tokens 32 is below --max-source-tokens 256" in str(err.value)
-    proc = subprocess.run([sys.executable, "-m", "server", "--max-queue-size", "16", "--port", "0"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = run_server("--max-queue-size", "16", "--port", "0")
     assert proc.returncode == 2 and "--max-queue-size 16" in proc.stderr
     assert ServerConfig().problems() == []
 

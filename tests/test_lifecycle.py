@@ -1,7 +1,6 @@
 """`python -m server` as a user runs it: flags, health, SIGTERM drain; and the client CLI against it."""
 import asyncio
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -10,16 +9,11 @@ import grpc
 import pytest
 
 from client import TranslatorClient
+from benchmarks.harness import free_port, run_server
 from serving import ROOT, EngineGate, ServerThread, start_subprocess, wait_for
 
 from protos.nmt.v1 import translator_pb2 as pb
 from server.config import ServerConfig
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_serving(client: TranslatorClient, proc: subprocess.Popen, timeout: float = 90) -> None:
@@ -143,6 +137,5 @@ def test_every_setting_has_a_flag_and_an_env_fallback(monkeypatch):
 
 
 def test_bad_model_repository_fails_fast(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "server", "--model-repository", str(tmp_path), "--port", "0"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    proc = run_server("--model-repository", str(tmp_path), "--port", "0", timeout=60)
     assert proc.returncode != 0 and "no bundles under" in proc.stderr

@@ -17,7 +17,6 @@ import platform
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ from serving import ROOT, EngineGate, ServerThread
 from models.core.bundle import discover
 from protos.nmt.v1 import translator_pb2 as pb
 from protos.nmt.v1 import translator_pb2_grpc as pb_grpc
+from benchmarks.harness import ServerProcess
 from server.config import ServerConfig
 from server.observability import calls, logs
 
@@ -47,12 +47,6 @@ DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "nmt.json"
 RULES = ROOT / "deploy" / "prometheus" / "rules.yml"
 RULES_TEST = ROOT / "deploy" / "prometheus" / "rules_test.yml"
 PROMETHEUS_SYNTHETIC = {"up"}  # series Prometheus itself writes for each target
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Served:
@@ -92,11 +86,9 @@ class Served:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     log_path = tmp_path_factory.mktemp("observability") / "server.log"
-    port, metrics_port = free_port(), free_port()
-    with open(log_path, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port),
-                                 "--metrics-port", str(metrics_port), "--log-format", "json", "--log-level", "info",
-                                 "--grace-period-s", "5"], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    server = ServerProcess("--log-format", "json", "--log-level", "info", "--grace-period-s", "5",
+                           log_path=log_path).launch()
+    proc, port, metrics_port = server.proc, server.port, server.metrics_port
     s = Served(proc, log_path, port, metrics_port)
     health = health_pb2_grpc.HealthStub(s.channel)
     end = time.monotonic() + 120

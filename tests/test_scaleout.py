@@ -32,6 +32,7 @@ import pytest
 from google.protobuf import descriptor_pool
 from google.protobuf.message_factory import GetMessageClass
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from benchmarks.harness import ServerProcess, free_port
 from serving import ROOT, flickr_sentences
 
 from client import TranslatorClient
@@ -49,12 +50,6 @@ REPLICA_FLAGS = ["--warmup", "false", "--intra-op-threads", "1", "--workers", "2
                  "--keepalive-time-ms", "10000"]
 PATHS = ("round_robin", "nginx", "haproxy")
 SPREAD_CALLS = 60
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def need(tool: str) -> str:
@@ -91,11 +86,10 @@ class Replica:
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> "Replica":
-        with open(self.log, "a") as log:  # a file, not a pipe: a full pipe would block the server
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(self.port),
-                 "--metrics-port", str(self.metrics_port), *REPLICA_FLAGS, *self.extra],
-                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        """Launch (again, after a stop: the same ports and log) through the harness."""
+        self.server = ServerProcess(*REPLICA_FLAGS, *self.extra, port=self.port, metrics_port=self.metrics_port,
+                                    log_path=self.log).launch()
+        self.proc = self.server.proc
         return self
 
     def wait_serving(self, timeout: float = 90) -> None:

@@ -9,7 +9,6 @@ import ipaddress
 import json
 import logging
 import signal
-import socket
 import time
 import urllib.request
 from types import SimpleNamespace
@@ -24,6 +23,7 @@ from google.rpc import code_pb2, error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_status import rpc_status
+from benchmarks.harness import free_port
 from serving import ServerThread, start_subprocess
 
 from client import AsyncTranslatorClient, TranslatorClient
@@ -380,12 +380,6 @@ def test_sighup_reloads_the_key_file_of_a_server_process(tmp_path):
     assert proc.returncode == 0
     assert "reloaded --api-keys-file" in output and "line 1" in output and "never keys" in output
     assert KEYS["erin"] not in output and KEYS["alice"] not in output
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_serving(c: TranslatorClient, proc, timeout: float = 90) -> None:

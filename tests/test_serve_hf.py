@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.harness import ServerProcess, run_server
 from models.core.bundle import discover, load_bundle
 from server.imports import ImportFailed, bundle_name, default_cache_dir, describe, prepare_repository
 
@@ -263,13 +264,12 @@ def test_nmt_serve_model_serves_it_in_one_command(first, hf_dir, tmp_path):
     served over gRPC and HTTP; a model that fails its checks is never served (exit 2, problems named)."""
     import httpx
     cache, _, _ = first
-    proc = subprocess.Popen([sys.executable, "-m", "server", "--model", str(hf_dir), "--cache-dir", str(cache),
-                             "--host", "127.0.0.1", "--port", "0", "--metrics-port", "-1", "--http-port", "0",
-                             "--log-format", "json"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
+    server = ServerProcess("--model", str(hf_dir), "--cache-dir", str(cache), "--log-format", "json",
+                           metrics=False, http_port=0, pipe=True).launch()
+    proc = server.proc
     try:
         http_port = None
-        for line in proc.stderr:
+        for line in proc.stdout:
             record = json.loads(line)
             if record.get("event") == "serving":
                 http_port = record["http_port"]
@@ -284,7 +284,6 @@ def test_nmt_serve_model_serves_it_in_one_command(first, hf_dir, tmp_path):
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "config.json").write_text(json.dumps({"model_type": "bert"}))
-    failed = subprocess.run([sys.executable, "-m", "server", "--model", str(broken), "--cache-dir", str(tmp_path / "c"),
-                             "--port", "0", "--http-port", "-1", "--metrics-port", "-1"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=300)
+    failed = run_server("--model", str(broken), "--cache-dir", str(tmp_path / "c"), "--port", "0", "--http-port", "-1",
+                        "--metrics-port", "-1", timeout=300)
     assert failed.returncode == 2 and "cannot serve" in failed.stderr

@@ -1,4 +1,4 @@
-"""The soak-and-fuzz harness (benchmarks/soak.py) end to end: 40 s of mixed, hostile load against a real
+"""The soak-and-fuzz harness (benchmarks/soak/) end to end: 40 s of mixed, hostile load against a real
 `python -m server` subprocess, then a SIGTERM drain; its verdict and the counts behind it.
 
 Nothing here depends on timing luck: how many calls meet a full queue, a deadline or a cancellation
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.soak_traffic import EXPECTED
+from benchmarks.soak.traffic import EXPECTED
 
 ROOT = Path(__file__).resolve().parents[1]
 NEVER = {"INTERNAL", "UNKNOWN", "HANG", "BAD_RESPONSE", "CLIENT_ERROR"}

@@ -16,7 +16,7 @@ from typing import Optional
 
 import numpy as np
 
-from benchmarks.soak_traffic import ALWAYS_FAIL, EXPECTED, Record
+from benchmarks.soak.traffic import ALWAYS_FAIL, EXPECTED, Record
 
 # Categories where the client stops waiting on purpose: the server may have finished (counted OK, or
 # refused) before it noticed, so its count and the client's may differ by up to these calls.
@@ -115,7 +115,7 @@ def golden_compare(sentences: list[str], rest: list[Optional[str]], load: list[O
 
 def evaluate(s: dict, strict_timing: bool, health_slo_ms: float, stall_ms: float,
              max_rss_growth: Optional[float]) -> list[Check]:
-    """Every check, from the run summary built by benchmarks/soak.py."""
+    """Every check, from the run summary built by benchmarks/soak/__main__.py."""
     records: list[Record] = s["_records"]
     bad = [r for r in records if r.unexpected]
     fatal = [r for r in records if r.code in ALWAYS_FAIL]

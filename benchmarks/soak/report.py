@@ -5,7 +5,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from benchmarks.soak_traffic import Record
+from benchmarks.soak.traffic import Record
 
 
 def timeline(records: list[Record], seconds: float) -> dict:

@@ -18,7 +18,7 @@ from typing import Awaitable, Callable, Optional
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from benchmarks.soak_fuzz import RAW_METHOD, FuzzCase, option_cases, raw_cases
+from benchmarks.soak.fuzz import RAW_METHOD, FuzzCase, option_cases, raw_cases
 from client.client import AsyncTranslatorClient
 from protos.nmt.v1 import translator_pb2 as pb
 from protos.nmt.v1 import translator_pb2_grpc as pb_grpc
@@ -34,7 +34,7 @@ EXPECTED: dict[str, frozenset] = {
     "deadline_short": GOOD | {"DEADLINE_EXCEEDED"},
     "fuzz_raw": frozenset({"INVALID_ARGUMENT"}),
     "fuzz_options": frozenset(),  # per case: FuzzCase.expect
-    "large_request": frozenset(),  # per request (benchmarks/soak.py)
+    "large_request": frozenset(),  # per request (benchmarks/soak/__main__.py)
     "golden_rest": frozenset({"OK"}), "golden_load": GOOD,  # refused attempts under load are retried
     "health_probe": frozenset({"OK"}), "health_large": frozenset({"OK"}),
     # Streams that have sent a message before SIGTERM must finish whole (the drain's promise); unary
@@ -307,7 +307,7 @@ class Traffic:
                 check_translations(resp, len(case.payload.texts))
         return await self.rec.call(category, case.rpc, self.timeout, fn, allowed=case.expect, detail=case.name)
 
-    # -- scheduled traffic (benchmarks/soak.py decides when) ---------------------------------------------
+    # -- scheduled traffic (benchmarks/soak/__main__.py decides when) ---------------------------------------------
     async def burst(self, calls: int, seed: int) -> list[Record]:
         """`calls` requests of max_texts / 8 texts at once, far past a small queue: some are refused at
         once, the rest fill the decode slots; seeded high-temperature sampling rarely stops early, so

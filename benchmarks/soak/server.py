@@ -15,7 +15,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from benchmarks import harness
-from benchmarks.soak_traffic import BadResponse, Recorder, Traffic
+from benchmarks.soak.traffic import BadResponse, Recorder, Traffic
 from protos.nmt.v1 import translator_pb2 as pb
 
 ROOT = Path(__file__).resolve().parents[1]

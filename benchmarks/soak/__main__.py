@@ -11,7 +11,7 @@ small queue (--max-queue-size 64) and waits for health SERVING. Then:
   large    large requests (64 long texts with beam search, 1000 texts, 100k-character
            texts, 3.8 MB in one request) with a health check every 10 ms: health must
            answer in < 50 ms
-  load     the random mix (benchmarks/soak_traffic.py: unary, streams, embed, list,
+  load     the random mix (benchmarks/soak/traffic.py: unary, streams, embed, list,
            health, cancellations, short deadlines, slow readers, closed channels,
            fuzzed payloads and options) from --concurrency workers, a health check
            every 100 ms; at 40% a burst far past the queue limit while the 30
@@ -47,12 +47,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Optional, Sequence
 
-from benchmarks.soak_checks import (allowed_table, client_counts, code_table, evaluate, golden_compare,
+from benchmarks.soak.checks import (allowed_table, client_counts, code_table, evaluate, golden_compare,
                                     latency_stats, metrics_consistency, verdict)
-from benchmarks.soak_fuzz import INVALID
-from benchmarks.soak_report import timeline, write
-from benchmarks.soak_server import RssSampler, ServerProcess, drain, settle
-from benchmarks.soak_traffic import GOOD, MIX, HealthProbe, Recorder, Traffic
+from benchmarks.soak.fuzz import INVALID
+from benchmarks.soak.report import timeline, write
+from benchmarks.soak.server import RssSampler, ServerProcess, drain, settle
+from benchmarks.soak.traffic import GOOD, MIX, HealthProbe, Recorder, Traffic
 from client.client import AsyncTranslatorClient
 from protos.nmt.v1 import translator_pb2 as pb
 

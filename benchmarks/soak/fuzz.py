@@ -1,4 +1,4 @@
-"""Hostile requests for the soak harness (benchmarks/soak.py), each with the status codes it may get.
+"""Hostile requests for the soak harness (benchmarks/soak/__main__.py), each with the status codes it may get.
 
 Two kinds:
   * raw wire payloads for /nmt.v1.Translator/Translate, sent as bytes with no

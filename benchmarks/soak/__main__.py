@@ -56,7 +56,7 @@ from benchmarks.soak.traffic import GOOD, MIX, HealthProbe, Recorder, Traffic
 from client.client import AsyncTranslatorClient
 from protos.nmt.v1 import translator_pb2 as pb
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared" / "data" / "multi30k"
 FIXTURE = ROOT / "tests" / "data" / "test_2016_flickr.head200.en"
 LOOPBACK = ("127.0.0.1", "localhost", "[::1]")

@@ -18,7 +18,7 @@ from benchmarks import harness
 from benchmarks.soak.traffic import BadResponse, Recorder, Traffic
 from protos.nmt.v1 import translator_pb2 as pb
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GAUGES = ("nmt_running_requests", "nmt_waiting_requests", "nmt_kv_cache_usage_ratio")
 
 

@@ -22,7 +22,7 @@ Self-attention is ONNX Runtime's com.microsoft.GroupQueryAttention with
 `seqlens_k = positions`: it writes the new key/value at each row's own
 position and attends over exactly that row's first positions + 1 entries, so
 rows of different ages share a step and nothing past a row's length is ever
-read (benchmarks/spike_gqa/README.md checked it with NaN-filled tails).
+read (docs/design/inplace-cache.md: checked with NaN-filled tails).
 `total_len` is only the op's "is this the first prompt" test and its present
 size: with every row at age 0 it is 1 and the prompt path writes at 0, which
 is each row's own position.

@@ -12,7 +12,7 @@ runs and kept: every bound array keeps its address for the cache's life
 (tokens, the cache's `length` and `src_len`, the scalar, the logits buffer,
 the slot buffers' views), so the values written into them in place are what
 the next run reads. Building one costs about as much as a small step
-(~0.05-0.6 ms, benchmarks/spike_gqa/README.md), and under steady traffic the
+(~0.05-0.6 ms, docs/design/inplace-cache.md), and under steady traffic the
 row count changes almost every step (py-spy put rebuilding at ~3% of the
 engine thread at 64 streams when only the last binding was kept); at most
 `capacity` bindings exist.

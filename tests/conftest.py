@@ -1,12 +1,20 @@
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-# Tests import their helpers (tests/serving.py) and the project packages from the checkout.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# The layers (docs/testing.md): tests/unit (no server, no ONNX session, no subprocess: `make test-fast`),
+# tests/integration (ONNX graphs, export, importers, training), tests/system (a real server, real
+# tools). tests/ is a package: pytest puts the repository root on the import path, so tests import
+# their helpers as tests.serving, tests.tiny_models ... and the harness as benchmarks.harness; the
+# project's own packages come from the editable install (`pip install -e .`).
+UNIT_LAYER = Path(__file__).resolve().parent / "unit"
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if UNIT_LAYER in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(pytest.mark.unit)
 
 # Servers the tests start as processes bind their HTTP port (default 8080) to any free port instead:
 # several run at once, and 8080 may be taken on a developer's machine.

@@ -10,7 +10,7 @@ from models.core import static_decode
 from models.core.bundle import load_bundle
 from models.core.runtime import OnnxModel, RuntimeOptions
 from models.core.tokenizer import train_tokenizer
-from tiny_models import reverser, varied
+from tests.tiny_models import reverser, varied
 
 pytestmark = pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(),
                                 reason="needs onnxruntime-gpu and a CUDA device")

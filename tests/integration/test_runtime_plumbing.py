@@ -11,7 +11,7 @@ from pathlib import Path
 
 from server.relay import EventRelay
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_relay_keeps_order_and_coalesces_wakeups():

@@ -24,7 +24,7 @@ from benchmarks.harness import ServerProcess, run_server
 from models.core.bundle import discover, load_bundle
 from server.imports import ImportFailed, bundle_name, default_cache_dir, describe, prepare_repository
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LANGS = {("en", "xx"), ("en", "yy")}  # hf_models.build_marian's multi-target pairs
 
 # Runs prepare_repository(argv[1:-1], cache=argv[-1]) with site-packages off sys.path: no torch,
@@ -72,7 +72,7 @@ def events(request):
 def hf_dir(tmp_path_factory) -> Path:
     pytest.importorskip("transformers")  # the importer's extra; the tiny model is built with it too
     pytest.importorskip("sentencepiece")
-    import hf_models
+    from tests import hf_models
     # 20 training steps: these tests check the cache, not translation quality (test_huggingface.py does).
     return hf_models.build_marian(tmp_path_factory.mktemp("hf") / "Opus-MT_en-XX", steps=20)
 

@@ -18,7 +18,7 @@ import pytest
 
 from client.__main__ import main
 from client.client import TranslatorClient
-from serving import SHARED, EngineGate, ServerThread, flickr_sentences
+from tests.serving import SHARED, EngineGate, ServerThread, flickr_sentences
 from server.config import ServerConfig
 
 N_LINES = 2000

@@ -33,7 +33,7 @@ from google.protobuf import descriptor_pool
 from google.protobuf.message_factory import GetMessageClass
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from benchmarks.harness import ServerProcess, free_port
-from serving import ROOT, flickr_sentences
+from tests.serving import ROOT, flickr_sentences
 
 from client import TranslatorClient
 from client.balancing import Balancing, channel_args

@@ -10,7 +10,7 @@ import torch
 from models.core.config import preset
 from models.search import greedy
 from models.transformer import Transformer, sinusoidal_table
-from tiny_models import reverser, varied
+from tests.tiny_models import reverser, varied
 
 VOCAB = 50
 

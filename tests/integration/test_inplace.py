@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from serving import REPOSITORY, ServerThread, flickr_sentences
+from tests.serving import REPOSITORY, ServerThread, flickr_sentences
 
 from models.core.bundle import load_bundle, newest_version
 from models.core.kv_cache import SlotCache

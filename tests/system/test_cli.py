@@ -10,7 +10,7 @@ import torch
 from models import train
 from models.evaluate import load_checkpoint
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
 needs_shared = pytest.mark.skipif(not MULTI30K.exists(), reason="no ../shared/data/multi30k here")
 

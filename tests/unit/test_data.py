@@ -11,7 +11,7 @@ from models.data import ChecksumError, load_pairs, normalize, token_batches
 
 pytestmark = pytest.mark.unit  # the fast layer: `make test-fast`
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 needs_shared = pytest.mark.skipif(not (SHARED / "multi30k").exists(), reason="no ../shared/data here")
 
 
@@ -110,5 +110,5 @@ def test_token_batches_respect_budget_and_cover_everything():
 def test_committed_fixture_is_the_head_of_the_test_set():
     from models.data import multi30k_file
     real = multi30k_file("test_2016_flickr.en", data_dir=SHARED / "multi30k").splitlines()
-    fixture = (Path(__file__).parent / "data" / "test_2016_flickr.head200.en").read_text(encoding="utf-8")
+    fixture = (Path(__file__).parents[1] / "data" / "test_2016_flickr.head200.en").read_text(encoding="utf-8")
     assert fixture.splitlines() == real[:200]

@@ -8,8 +8,8 @@ import re
 
 import grpc
 import pytest
-from html_corpus import skeleton
-from serving import ServerThread, flickr_sentences
+from tests.html_corpus import skeleton
+from tests.serving import ServerThread, flickr_sentences
 
 from protos.nmt.v1 import translator_pb2 as pb
 from protos.nmt.v1 import translator_pb2_grpc as pb_grpc

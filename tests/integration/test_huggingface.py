@@ -13,8 +13,8 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("sentencepiece")
 
-import hf_models  # noqa: E402
-from serving import ServerThread  # noqa: E402
+from tests import hf_models  # noqa: E402
+from tests.serving import ServerThread  # noqa: E402
 
 from export.__main__ import main as export_main  # noqa: E402
 from models.core.bundle import load_bundle  # noqa: E402

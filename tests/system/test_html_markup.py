@@ -9,8 +9,8 @@ import grpc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from html_corpus import corpus, skeleton
-from serving import ServerThread, flickr_sentences
+from tests.html_corpus import corpus, skeleton
+from tests.serving import ServerThread, flickr_sentences
 
 from protos.nmt.v1 import translator_pb2 as pb
 from protos.nmt.v1 import translator_pb2_grpc as pb_grpc

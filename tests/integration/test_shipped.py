@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 import sacrebleu
-from serving import REPOSITORY, ROOT, SHARED
+from tests.serving import REPOSITORY, ROOT, SHARED
 
 from export.parity import near_ties, token_parity
 from models.core.bundle import discover

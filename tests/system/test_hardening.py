@@ -12,7 +12,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from benchmarks.harness import run_server
-from serving import ROOT, EngineGate, ServerThread, wait_for
+from tests.serving import ROOT, EngineGate, ServerThread, wait_for
 
 from client import TranslatorClient
 from models.core.bundle import discover

@@ -25,7 +25,7 @@ from client.loadgen.compare import compare, load
 from client.loadgen.workload import Plan, arrival_times, load_mix
 from protos.nmt.v1 import translator_pb2 as pb
 from protos.nmt.v1 import translator_pb2_grpc as pb_grpc
-from serving import FIXTURE, ROOT, ServerThread
+from tests.serving import FIXTURE, ROOT, ServerThread
 
 MIX = "rpc=stream weight=3; rpc=unary weight=1 texts=2"
 PNGS = ("latency_cdf.png", "saturation.png", "windows.png")

@@ -28,7 +28,7 @@ import grpc
 import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from serving import ROOT, EngineGate, ServerThread
+from tests.serving import ROOT, EngineGate, ServerThread
 
 from models.core.bundle import discover
 from protos.nmt.v1 import translator_pb2 as pb

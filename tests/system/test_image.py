@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from serving import ServerThread, wait_for
+from tests.serving import ServerThread, wait_for
 
 from client import TranslatorClient
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OFFICIAL_BASE, OFFLINE_BASE = "python:3.11-slim", "nmt-offline-base:3.11"
 SENTENCES = ["A man rides a bicycle down the street.", "Two dogs play in the snow."]
 

@@ -24,7 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_status import rpc_status
 from benchmarks.harness import free_port
-from serving import ServerThread, start_subprocess
+from tests.serving import ServerThread, start_subprocess
 
 from client import AsyncTranslatorClient, TranslatorClient
 from client.__main__ import main as client_main

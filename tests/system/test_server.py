@@ -6,7 +6,7 @@ import time
 import grpc
 import numpy as np
 import pytest
-from serving import REPOSITORY, EngineGate, ServerThread, flickr_sentences, wait_for
+from tests.serving import REPOSITORY, EngineGate, ServerThread, flickr_sentences, wait_for
 
 from client import TranslatorClient
 from models.core.bundle import discover
@@ -406,7 +406,7 @@ def test_every_bundle_in_the_repository_is_served(tmp_path):
     import json
     import shutil
 
-    from serving import REPOSITORY
+    from tests.serving import REPOSITORY
     src = next(p for p in REPOSITORY.iterdir() if p.is_dir())
     version = sorted(v for v in src.iterdir() if v.is_dir())[-1]
     for name in ("alpha", "beta"):

@@ -20,7 +20,7 @@ from models.train import collate, inverse_sqrt, loss_fn
 
 torch.set_num_threads(1)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
 VOCAB = 40
 

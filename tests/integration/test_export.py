@@ -13,7 +13,7 @@ from export.parity import graph_parity, inplace_parity, token_parity
 from models.core.bundle import BundleError, discover, load_bundle
 from models.core.runtime import OnnxModel, RuntimeOptions
 from models.core.tokenizer import train_tokenizer
-from tiny_models import reverser, varied
+from tests.tiny_models import reverser, varied
 
 VOCAB_TEXTS = ["a b c d e f g h i j k l m n o p q r s t u v w x y z"] * 5
 

@@ -28,7 +28,7 @@ from server.request import (DecodingParams, EmbedJob, ErrorEvent, FinishEvent, F
                             TokenEvent)
 from server.runaway import RunawayGuard
 from server.scheduler import Scheduler
-from serving import REPOSITORY
+from tests.serving import REPOSITORY
 
 pytestmark = pytest.mark.unit
 SPEC = discover(REPOSITORY)[0].spec

@@ -25,7 +25,7 @@ from libretranslatepy import LibreTranslateAPI
 from client.client import TranslatorClient
 from protos.nmt.v1 import translator_pb2 as pb
 from server.security import keys
-from serving import REPOSITORY, ServerThread, flickr_sentences
+from tests.serving import REPOSITORY, ServerThread, flickr_sentences
 
 KEYS = {"alice": "nmt_alice_key", "slow": "nmt_slow_key", "thrifty": "nmt_thrifty_key", "fr-only": "nmt_fr_only"}
 FRENCH = "Deux jeunes hommes blancs sont dehors près de buissons."

@@ -9,7 +9,7 @@ from models.core.config import preset
 from models.core.tokenizer import train_tokenizer
 from models.search import greedy
 from models.transformer import Transformer
-from tiny_models import reverser, varied
+from tests.tiny_models import reverser, varied
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
@@ -46,7 +46,7 @@ def test_baseline_server_gives_our_servers_tokens(tmp_path):
     import time
 
     import grpc
-    from serving import ROOT, ServerThread, flickr_sentences
+    from tests.serving import ROOT, ServerThread, flickr_sentences
 
     from client import TranslatorClient
 
@@ -88,7 +88,7 @@ def test_baseline_server_gives_our_servers_tokens(tmp_path):
 def test_alternatives_equal_ctranslate2_return_alternatives(tmp_path):
     """alternatives = CTranslate2's return_alternatives (an independent engine) on the shipped model:
     after a target prefix, the n most likely next tokens, each continued greedily, in that order."""
-    from serving import ROOT, ServerThread, flickr_sentences
+    from tests.serving import ROOT, ServerThread, flickr_sentences
 
     from client import TranslatorClient
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import yaml
-from serving import ROOT
+from tests.serving import ROOT
 
 from server.config import ServerConfig
 

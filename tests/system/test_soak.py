@@ -15,7 +15,7 @@ import pytest
 
 from benchmarks.soak.traffic import EXPECTED
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NEVER = {"INTERNAL", "UNKNOWN", "HANG", "BAD_RESPONSE", "CLIENT_ERROR"}
 # The test's own statement of the contract for the categories where only one answer is right.
 EXACT = {"fuzz_raw": {"INVALID_ARGUMENT"}, "golden_rest": {"OK"}, "list_models": {"OK"}, "health": {"OK"},

@@ -10,7 +10,7 @@ import pytest
 
 from client import TranslatorClient
 from benchmarks.harness import free_port, run_server
-from serving import ROOT, EngineGate, ServerThread, start_subprocess, wait_for
+from tests.serving import ROOT, EngineGate, ServerThread, start_subprocess, wait_for
 
 from protos.nmt.v1 import translator_pb2 as pb
 from server.config import ServerConfig

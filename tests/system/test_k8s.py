@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from serving import ROOT
+from tests.serving import ROOT
 
 from server.app import SERVICE_NAME
 from server.config import ServerConfig

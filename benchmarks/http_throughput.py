@@ -10,7 +10,7 @@ library), the native HTTP API (`POST /v1/translate`, httpx with keep-alive), and
 round to round, and the median over rounds of each path's throughput is reported, with the
 HTTP paths as a ratio of the gRPC figure in the same round. Output tokens come from the
 responses (DeepL's carries none: its texts/s is reported and its tokens counted as gRPC's for
-the same texts, which are identical: tests/test_http.py checks it).
+the same texts, which are identical: tests/system/test_http.py checks it).
 """
 from __future__ import annotations
 

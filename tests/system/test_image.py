@@ -2,7 +2,7 @@
 through its own HEALTHCHECK, runs as uid 10001 on a read-only /app, and drains on docker stop.
 
 Without a daemon (CI's machine, most laptops in a sandbox) the test skips and says so; the
-Dockerfiles are then only checked statically (tests/test_deploy.py). The base image is
+Dockerfiles are then only checked statically (tests/system/test_deploy.py). The base image is
 NMT_IMAGE_BASE when set; else python:3.11-slim when local or pullable; else the image that
 deploy/offline-base.sh builds for hosts without Docker Hub (nmt-offline-base:3.11), when built.
 """

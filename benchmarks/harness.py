@@ -12,6 +12,7 @@ be added to each. Here:
   `stop()` is SIGTERM, the server's drain, and a kill after the timeout. Ports may be given, so a
   replica can be restarted on its own ports (the scale-out rotation).
 - `run_server(*flags)`: the server command run to its exit (start-up failures under test).
+- `cpu_seconds(pid)`, `wait_serving(async_client)`: a process's CPU time; SERVING seen by a client.
 - `median(values)`, `rotations(names, rounds)`: alternating rounds, as every comparison here runs them.
 - `machine()`: what a report records about where it ran.
 """
@@ -148,6 +149,27 @@ class ServerProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def cpu_seconds(pid: Optional[int] = None) -> float:
+    """CPU time (user + system) of this process, or of process `pid` (Linux /proc)."""
+    if pid is None:
+        t = os.times()
+        return t.user + t.system
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def wait_serving(client, tries: int = 600) -> None:
+    """Until an async client's health check says SERVING (a server started elsewhere, or a peer's)."""
+    import asyncio
+    for _ in range(tries):
+        try:
+            if await client.health() == "SERVING":
+                return
+        except Exception:  # noqa: BLE001 (not up yet)
+            pass
+        await asyncio.sleep(0.2)  # not up, or up but still warming up (NOT_SERVING)
 
 
 def run_server(*flags: str, timeout: float = 120.0, env: Optional[dict] = None) -> subprocess.CompletedProcess:

@@ -29,8 +29,7 @@ from typing import Sequence
 import torch
 
 from benchmarks.serving_compare import measure, median_of
-from benchmarks.harness import ServerProcess, free_port
-from benchmarks.serving_load import wait_serving
+from benchmarks.harness import ServerProcess, free_port, wait_serving
 
 ROOT = Path(__file__).resolve().parents[1]
 CAPTIONS = ROOT / "tests/data/test_2016_flickr.head200.en"

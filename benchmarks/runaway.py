@@ -20,8 +20,7 @@ import asyncio
 
 import sacrebleu
 
-from benchmarks.harness import ServerProcess
-from benchmarks.serving_load import wait_serving
+from benchmarks.harness import ServerProcess, wait_serving
 from client.client import AsyncTranslatorClient
 from models.core import static_decode
 from models.core.bundle import load_bundle, newest_version

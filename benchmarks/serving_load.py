@@ -25,7 +25,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from benchmarks.harness import ServerProcess
+from benchmarks.harness import ServerProcess, cpu_seconds, wait_serving
 from client.loadgen import Sample, grpc_stream, run_level
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,15 +36,6 @@ def server_flags(args) -> list[str]:
             "--max-queue-size", "1024", "--intra-op-threads", str(args.threads),
             "--stream-interval", str(args.stream_interval), "--provider", args.provider, "--variant", args.variant,
             "--decoder", args.decoder]
-
-
-def cpu_seconds(pid: int | None = None) -> float:
-    """CPU time (user + system) of this process, or of process `pid` (Linux /proc)."""
-    if pid is None:
-        t = os.times()
-        return t.user + t.system
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def component_costs(runtime, tok, texts: Sequence[str], out_len: float) -> dict:
@@ -174,17 +165,6 @@ async def through_grpc(args, texts) -> dict:
             return {"levels": await run_all(grpc_stream(client), texts, args, cpu)}
     finally:
         server.stop()
-
-
-async def wait_serving(client, tries: int = 600) -> None:
-    """Until the server's health says SERVING (it loads and warms its models first)."""
-    for _ in range(tries):
-        try:
-            if await client.health() == "SERVING":
-                return
-        except Exception:  # noqa: BLE001 (not up yet)
-            pass
-        await asyncio.sleep(0.2)  # not up, or up but still warming up (NOT_SERVING)
 
 
 async def run_all(stream, texts, args, cpu, inside_ort: Optional[Callable[[], float]] = None) -> list[dict]:

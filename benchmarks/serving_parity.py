@@ -30,8 +30,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from benchmarks.harness import ServerProcess
-from benchmarks.serving_load import wait_serving
+from benchmarks.harness import ServerProcess, wait_serving
 
 ROOT = Path(__file__).resolve().parents[1]
 CKPT = ROOT / "models/pretrained/multi30k-en-de-small/model.pt"

@@ -37,3 +37,19 @@ def pytest_runtest_makereport(item, call):
     if not any(allowed in reason for allowed in MAY_SKIP):
         report.outcome = "failed"
         report.longrepr = f"skipped under NMT_REQUIRE_TOOLS=1, which allows skips only for {MAY_SKIP}: {reason}"
+
+
+@pytest.fixture
+def start_server():
+    """Start in-process servers (tests/serving.py ServerThread) with the settings a test needs:
+    `srv = start_server(lame_duck_s=30)`. Each is stopped when the test ends, failed or not."""
+    from tests.serving import ServerThread
+    started = []
+
+    def start(**settings):
+        srv = ServerThread(**settings).start()
+        started.append(srv)
+        return srv
+    yield start
+    for srv in reversed(started):
+        srv.stop()

@@ -349,23 +349,20 @@ def test_slow_clients_hold_no_one_up(srv):
             s.close()
 
 
-def test_a_body_that_trickles_is_cut_off_with_408():
-    s = ServerThread(http_body_timeout_s=0.5).start()
-    try:
-        conn = socket.create_connection(("127.0.0.1", s.app.http_port))
-        conn.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 100\r\n\r\n{\"texts\"")
-        conn.settimeout(20)
-        reply = b""
-        while b"\r\n\r\n" not in reply:
-            chunk = conn.recv(4096)
-            if not chunk:
-                break
-            reply += chunk
-        conn.close()
-        assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
-    finally:
-        s.stop()
+def test_a_body_that_trickles_is_cut_off_with_408(start_server):
+    s = start_server(http_body_timeout_s=0.5)
+    conn = socket.create_connection(("127.0.0.1", s.app.http_port))
+    conn.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 100\r\n\r\n{\"texts\"")
+    conn.settimeout(20)
+    reply = b""
+    while b"\r\n\r\n" not in reply:
+        chunk = conn.recv(4096)
+        if not chunk:
+            break
+        reply += chunk
+    conn.close()
+    assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
 
 
 def test_readiness_follows_the_grpc_health_through_lame_duck():
@@ -401,9 +398,6 @@ def test_curl_is_installed():
     assert shutil.which("curl"), "curl is needed by the native API test"
 
 
-def test_http_can_be_turned_off():
-    s = ServerThread(http_port=-1).start()
-    try:
-        assert s.app.http is None and s.app.http_port == 0
-    finally:
-        s.stop()
+def test_http_can_be_turned_off(start_server):
+    s = start_server(http_port=-1)
+    assert s.app.http is None and s.app.http_port == 0

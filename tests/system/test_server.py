@@ -132,36 +132,33 @@ def test_stream_concatenates_to_unary(server, client):
         assert t.first_token_seconds <= t.total_seconds
 
 
-def test_stream_interval_sends_chunks_that_still_add_up():
-    srv = ServerThread(stream_interval=4, metrics_port=-1).start()
-    try:
-        # Engine side, deterministic: the first token at once, then chunks of 4, the tail before the end.
-        model = srv.app.models["multi30k-en-de-small"]
-        events, done = [], threading.Event()
+def test_stream_interval_sends_chunks_that_still_add_up(start_server):
+    srv = start_server(stream_interval=4, metrics_port=-1)
+    # Engine side, deterministic: the first token at once, then chunks of 4, the tail before the end.
+    model = srv.app.models["multi30k-en-de-small"]
+    events, done = [], threading.Event()
 
-        def sink(event):
-            events.append(event)
-            if isinstance(event, FinishEvent):
-                done.set()
-        text = flickr_sentences(8)[2]
-        (job,) = model.jobs([text], DecodingParams(), sink, None, stream=True)
-        model.scheduler.submit([job])
-        assert done.wait(30)
-        chunks = [len(e.token_ids) for e in events[:-1]]
-        n = len(events[-1].hypotheses[0].tokens)
-        assert sum(chunks) == n and chunks[0] == 1 and all(c == 4 for c in chunks[1:-1]) and 1 <= chunks[-1] <= 4
-        # Through gRPC: the chunks still add up to the unary result, in about n/4 messages instead of n + 1
-        # (fewer when a slow reader lets chunks pile up into one message).
-        with TranslatorClient(srv.target, timeout=60) as c:
-            for text in flickr_sentences(8)[:4]:
-                unary = c.translate([text], return_tokens=True).translations[0]
-                msgs = list(c.translate_stream(text))
-                n = len(unary.hypotheses[0].token_ids)
-                assert [t for m in msgs for t in m.token_ids] == list(unary.hypotheses[0].token_ids)
-                assert "".join(m.delta for m in msgs) == unary.hypotheses[0].text
-                assert msgs[-1].final and len(msgs) <= 2 + (n - 1 + 3) // 4, [len(m.token_ids) for m in msgs]
-    finally:
-        srv.stop()
+    def sink(event):
+        events.append(event)
+        if isinstance(event, FinishEvent):
+            done.set()
+    text = flickr_sentences(8)[2]
+    (job,) = model.jobs([text], DecodingParams(), sink, None, stream=True)
+    model.scheduler.submit([job])
+    assert done.wait(30)
+    chunks = [len(e.token_ids) for e in events[:-1]]
+    n = len(events[-1].hypotheses[0].tokens)
+    assert sum(chunks) == n and chunks[0] == 1 and all(c == 4 for c in chunks[1:-1]) and 1 <= chunks[-1] <= 4
+    # Through gRPC: the chunks still add up to the unary result, in about n/4 messages instead of n + 1
+    # (fewer when a slow reader lets chunks pile up into one message).
+    with TranslatorClient(srv.target, timeout=60) as c:
+        for text in flickr_sentences(8)[:4]:
+            unary = c.translate([text], return_tokens=True).translations[0]
+            msgs = list(c.translate_stream(text))
+            n = len(unary.hypotheses[0].token_ids)
+            assert [t for m in msgs for t in m.token_ids] == list(unary.hypotheses[0].token_ids)
+            assert "".join(m.delta for m in msgs) == unary.hypotheses[0].text
+            assert msgs[-1].final and len(msgs) <= 2 + (n - 1 + 3) // 4, [len(m.token_ids) for m in msgs]
 
 
 def test_target_prefix_starts_the_translation_in_documents_and_streams(client):
@@ -402,7 +399,7 @@ def test_reflection_lists_and_describes_the_service(server):
     assert answers[1].file_descriptor_response.file_descriptor_proto  # the .proto, for grpcurl
 
 
-def test_every_bundle_in_the_repository_is_served(tmp_path):
+def test_every_bundle_in_the_repository_is_served(tmp_path, start_server):
     import json
     import shutil
 
@@ -415,16 +412,13 @@ def test_every_bundle_in_the_repository_is_served(tmp_path):
         config = json.loads((dst / "config.json").read_text())
         config.update(name=name, version=3)
         (dst / "config.json").write_text(json.dumps(config))
-    srv = ServerThread(model_repository=str(tmp_path), default_model="beta", warmup=False).start()
-    try:
-        with TranslatorClient(srv.target) as c:
-            models = c.list_models()
-            assert [m.name for m in models.models] == ["alpha", "beta"] and models.default_model == "beta"
-            assert [m.version for m in models.models] == [3, 3]
-            assert c.translate(["A dog."]).model == "beta"
-            assert c.translate(["A dog."], model="alpha").model == "alpha"
-    finally:
-        srv.stop()
+    srv = start_server(model_repository=str(tmp_path), default_model="beta", warmup=False)
+    with TranslatorClient(srv.target) as c:
+        models = c.list_models()
+        assert [m.name for m in models.models] == ["alpha", "beta"] and models.default_model == "beta"
+        assert [m.version for m in models.models] == [3, 3]
+        assert c.translate(["A dog."]).model == "beta"
+        assert c.translate(["A dog."], model="alpha").model == "alpha"
 
 
 def test_an_engine_failure_fails_its_batch_and_the_server_recovers(server, client):

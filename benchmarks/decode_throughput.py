@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from benchmarks.harness import rotations
+
 ROOT = Path(__file__).resolve().parents[1]
 ENGINES = ["torch-recompute", "torch-cache", "ort-fp32", "ort-int8", "ct2-float32", "ct2-int8"]
 
@@ -121,8 +123,7 @@ def measure(args: argparse.Namespace, ct2_dirs: dict, lengths: list[int]) -> dic
     of a shared machine does not hit one engine alone.
     """
     runs: dict = {}  # (engine, batch, tokens, threads) -> results of every round
-    for rnd in range(args.repeats):
-        order = args.engines[rnd % len(args.engines):] + args.engines[:rnd % len(args.engines)]
+    for rnd, order in enumerate(rotations(args.engines, args.repeats)):
         for engine in order:
             for b in args.batch_sizes:
                 for n in lengths:

@@ -13,13 +13,13 @@ graph costs almost nothing: its tokens/s is the serving layer's own ceiling (iss
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchmarks.harness import machine
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -125,16 +125,6 @@ def measure(bundle_path: Path, rows: int, steps: int, mode: str, threads: int, f
             "python_share": (wall - in_ort) / wall, "tokens_per_s": tokens / wall}
 
 
-def machine() -> str:
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))
-    except (OSError, StopIteration):
-        cpu = platform.processor()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
-    return f"{cpu}, {len(__import__('os').sched_getaffinity(0))} cores; commit {commit.strip()}"
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=str(ROOT / "model_repository" / "multi30k-en-de-small"),
@@ -154,7 +144,9 @@ def main(argv=None) -> int:
         path = tiny_bundle(Path(tmp)) if args.tiny else Path(args.model)
         if not (path / "config.json").exists():
             path = newest_version(path)
-        lines = [f"`python -m benchmarks.engine_overhead {' '.join(argv or sys.argv[1:])}` — {machine()}, "
+        m = machine()
+        lines = [f"`python -m benchmarks.engine_overhead {' '.join(argv or sys.argv[1:])}` — {m['cpu']}, "
+                 f"{m['cores']} cores; commit {m['commit']}, "
                  f"{'tiny random model' if args.tiny else path.parent.name + '/' + path.name}", "",
                  "| mode | rows | mean rows | ms/step | in ONNX Runtime | Python | of which update | Python share | "
                  "tokens/s |", "|---|---|---|---|---|---|---|---|---|"]

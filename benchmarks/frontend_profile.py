@@ -33,11 +33,10 @@ import sys
 import tempfile
 import time
 import urllib.request
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Sequence
 
-from benchmarks.harness import ServerProcess
+from benchmarks.harness import ServerProcess, machine
 
 ROOT = Path(__file__).resolve().parents[1]
 RATE = 100  # py-spy samples per second
@@ -163,10 +162,10 @@ def profile(load: list[str], seconds: float, py_spy: str) -> dict:
 
 
 def render(results: dict, argv: Sequence[str]) -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    m = machine()
     out = ["# Where the server's CPU goes under load", "",
-           f"`python -m benchmarks.frontend_profile {' '.join(argv)}` — {datetime.now(timezone.utc):%Y-%m-%d}, {cpu}, "
-           f"{os.cpu_count()} cores shared by the server and the load generator; shipped model (en->de), default "
+           f"`python -m benchmarks.frontend_profile {' '.join(argv)}` — {m['date']}, {m['cpu']}, "
+           f"{m['cores']} cores shared by the server and the load generator; shipped model (en->de), default "
            "settings, py-spy at 100 Hz over the window (the server pauses per sample: absolute rates are a little "
            "low, shares are what matter).", ""]
     for name, r in results.items():

@@ -1,20 +1,24 @@
 """The one way a benchmark or a system test starts `python -m server` as a process, and free ports.
 
-Sixteen places used to launch the server by hand, each with its own port picking, waiting and
-stopping, and seven copies of `free_port`; a flag added to the server (the HTTP port) then had to
-be added to each. Here:
+Why one harness: sixteen places used to launch the server by hand, each with its own port picking,
+waiting and stopping, and there were seven copies of `free_port`. A flag added to the server (the
+HTTP port, which then bound 8080 in every one of them) had to be added to each, and a server that
+failed to start showed up as a timeout with its output thrown away. Here:
 
-- `free_port()`: a free loopback TCP port.
-- `ServerProcess(*flags)`: the server on free loopback ports (gRPC, metrics; HTTP only when asked),
-  from the repository root, its output in a log file (a pipe nobody reads fills up and blocks the
-  server) or, with `pipe=True`, in a pipe the caller reads (tests that parse the JSON log lines);
-  `start()` waits until grpc.health says SERVING (or the process exits: the error has its log);
-  `stop()` is SIGTERM, the server's drain, and a kill after the timeout. Ports may be given, so a
-  replica can be restarted on its own ports (the scale-out rotation).
+- `free_port()`: a free loopback TCP port (the only copy in the repository).
+- `ServerProcess(*flags)`: the server on loopback (127.0.0.1), started from the repository root;
+  gRPC and metrics ports free unless given (`metrics=False`: no metrics endpoint), no HTTP port
+  unless asked (`http_port=0`: a free one). Its output goes to a log file (a pipe nobody reads fills
+  up and blocks the server), or, with `pipe=True`, to a pipe the caller reads (tests that parse the
+  JSON log lines). `launch()` starts it; `start()` also waits until grpc.health says SERVING, and if
+  the process exits or the wait times out, kills it and raises with the log's tail. `stop()` is
+  SIGTERM, the server's drain, and a kill after the timeout (`drain=False`: kill at once). A log file
+  the harness named itself is removed after a clean exit and kept (for the post-mortem) otherwise.
+  Ports may be given, so a replica can be restarted on its own ports (the scale-out rotation).
 - `run_server(*flags)`: the server command run to its exit (start-up failures under test).
 - `cpu_seconds(pid)`, `wait_serving(async_client)`: a process's CPU time; SERVING seen by a client.
-- `median(values)`, `rotations(names, rounds)`: alternating rounds, as every comparison here runs them.
-- `machine()`: what a report records about where it ran.
+- `rotations(names, rounds)`: each round's order, rotated, as every comparison here runs them.
+- `machine()`: what a report records about where it ran (CPU model, cores, commit, date).
 """
 from __future__ import annotations
 
@@ -22,7 +26,6 @@ import os
 import platform
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,12 +48,14 @@ class ServerProcess:
     def __init__(self, *flags: str, port: int = 0, metrics_port: int = 0, http_port: int = -1,
                  metrics: bool = True, log_path: Optional[Path] = None, pipe: bool = False,
                  env: Optional[dict] = None):
-        """`http_port`: -1 = no HTTP port, 0 = a free one; `metrics=False`: no metrics endpoint."""
+        """`http_port`: -1 = no HTTP port, 0 = a free one; `metrics=False`: no metrics endpoint;
+        `env`: the process's whole environment (None: this one's)."""
         self.flags = list(flags)
         self.port = port or free_port()
         self.metrics_port = (metrics_port or free_port()) if metrics else -1
         self.http_port = free_port() if http_port == 0 else http_port
-        self.log_path = log_path or Path(tempfile.mkstemp(prefix="nmt-server-", suffix=".log")[1])
+        self.log_path: Optional[Path] = Path(log_path) if log_path is not None else None
+        self._own_log = False  # the harness named the log file (and removes it after a clean exit)
         self.pipe, self.env = pipe, env
         self.proc: Optional[subprocess.Popen] = None
         self._log: Optional[IO] = None
@@ -83,15 +88,24 @@ class ServerProcess:
         if self.pipe:
             self.proc = subprocess.Popen(self.command, cwd=ROOT, env=self.env, stdout=subprocess.PIPE,
                                          stderr=subprocess.STDOUT, text=True)
-        else:
-            self._log = open(self.log_path, "a")
-            self.proc = subprocess.Popen(self.command, cwd=ROOT, env=self.env, stdout=self._log,
-                                         stderr=subprocess.STDOUT)
+            return self
+        if self.log_path is None:
+            fd, name = tempfile.mkstemp(prefix="nmt-server-", suffix=".log")
+            os.close(fd)
+            self.log_path, self._own_log = Path(name), True
+        self._log = open(self.log_path, "a")  # a restart on the same log appends to it
+        self.proc = subprocess.Popen(self.command, cwd=ROOT, env=self.env, stdout=self._log,
+                                     stderr=subprocess.STDOUT)
         return self
 
     def start(self, timeout: float = 180.0) -> "ServerProcess":
+        """Launch and wait for SERVING; on failure the process is killed and the error has its log."""
         self.launch()
-        self.wait_serving(timeout)
+        try:
+            self.wait_serving(timeout)
+        except BaseException:
+            self.kill()
+            raise
         return self
 
     def wait_serving(self, timeout: float = 180.0) -> None:
@@ -109,34 +123,37 @@ class ServerProcess:
                             health_pb2.HealthCheckResponse.SERVING:
                         return
                 except grpc.RpcError:
-                    pass
+                    pass  # not listening yet, or still warming up
                 time.sleep(0.1)
         raise TimeoutError(f"the server did not report SERVING within {timeout:g} s:\n{self.log_tail()}")
 
     def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        """The log file so far ("" with pipe=True: the caller reads the pipe)."""
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return self.log_path.read_text(errors="replace")
 
     def log_tail(self, lines: int = 40) -> str:
-        return "" if self.pipe else "\n".join(self.log_text().splitlines()[-lines:])
+        return "\n".join(self.log_text().splitlines()[-lines:])
 
     def signal(self, sig: int = signal.SIGTERM) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(sig)
 
-    def stop(self, timeout: float = 60.0) -> Optional[int]:
-        """SIGTERM (the server drains), then kill after `timeout`. Returns the exit status."""
+    def stop(self, drain: bool = True, timeout: float = 60.0) -> Optional[int]:
+        """SIGTERM (the server drains) and a kill after `timeout`; `drain=False`: kill at once.
+        Returns the exit status (None if never launched)."""
         if self.proc is None:
             return None
         if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+            if drain:
+                self.proc.terminate()
+                try:
+                    self.proc.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    pass
+            self.kill()
+        self._close_log()
         return self.proc.returncode
 
     def kill(self) -> None:
@@ -144,11 +161,24 @@ class ServerProcess:
             self.proc.kill()
             self.proc.wait(10)
 
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        if self._own_log and self.proc.returncode == 0:
+            self.log_path.unlink(missing_ok=True)
+
     def __enter__(self) -> "ServerProcess":
         return self.start() if self.proc is None else self
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def run_server(*flags: str, timeout: float = 120.0, env: Optional[dict] = None) -> subprocess.CompletedProcess:
+    """`python -m server FLAGS` run to its exit (for start-up failures), its output captured as text."""
+    return subprocess.run([sys.executable, "-m", "server", *flags], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
 
 
 def cpu_seconds(pid: Optional[int] = None) -> float:
@@ -172,30 +202,22 @@ async def wait_serving(client, tries: int = 600) -> None:
         await asyncio.sleep(0.2)  # not up, or up but still warming up (NOT_SERVING)
 
 
-def run_server(*flags: str, timeout: float = 120.0, env: Optional[dict] = None) -> subprocess.CompletedProcess:
-    """`python -m server FLAGS` run to its exit (for start-up failures), its output captured."""
-    return subprocess.run([sys.executable, "-m", "server", *flags], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
-
-
-def median(values: Sequence[float]) -> float:
-    return statistics.median(values)
-
-
 def rotations(names: Sequence[str], rounds: int) -> list[list[str]]:
     """Each round's order: the names rotated by one per round, so none always runs first (warm caches,
-    a machine that slows down over the run)."""
+    a shared machine that slows down for a while)."""
     names = list(names)
     return [names[r % len(names):] + names[:r % len(names)] for r in range(rounds)]
 
 
 def machine() -> dict:
-    """CPU model, cores, commit and date: what a report states about its run."""
+    """CPU model, cores this process may run on, commit and date: what a report states about its run."""
     cpu = platform.processor() or "?"
     try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    return {"cpu": cpu, "cores": os.cpu_count(), "commit": commit.stdout.strip() or "?",
+    return {"cpu": cpu, "cores": cores, "commit": commit.stdout.strip() or "?",
             "date": f"{datetime.now(timezone.utc):%Y-%m-%d}"}

@@ -24,12 +24,12 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from benchmarks.serving_compare import measure, median_of
-from benchmarks.harness import ServerProcess, free_port, wait_serving
+from benchmarks.harness import ServerProcess, free_port, rotations, wait_serving
 
 ROOT = Path(__file__).resolve().parents[1]
 CAPTIONS = ROOT / "tests/data/test_2016_flickr.head200.en"
@@ -79,18 +79,20 @@ def prepare(work: Path) -> dict:
     return {"repo": str(repo), "ct2": str(ct2), "bundle": str(repo / "opus-mt-shaped" / "1")}
 
 
-def start(kind: str, paths: dict, args) -> tuple[subprocess.Popen, str]:
+def start(kind: str, paths: dict, args) -> tuple[Callable[[], object], int, str]:
+    """The server of `kind` launched: (how to stop it, its pid, its target)."""
     if kind == "ours":
         server = ServerProcess("--model-repository", paths["repo"], "--max-queue-size", "4096",
                                "--max-batch-size", str(args.max_batch_size),
                                "--runaway-guard", "false",  # random weights with EOS suppressed loop by design
                                metrics=False).launch()
-        return server.proc, server.target
+        return (lambda: server.stop(timeout=30)), server.pid, server.target
     port = free_port()  # the CTranslate2 peer (benchmarks/ct2_server.py)
     cmd = [sys.executable, "-m", "benchmarks.ct2_server", "--model", paths["ct2"], "--bundle", paths["bundle"],
            "--port", str(port), "--threads", str(args.ct2_threads), "--compute-type", "float32",
            "--max-batch", str(args.max_batch_size)]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), f"127.0.0.1:{port}"
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return (lambda: (proc.terminate(), proc.wait(30))), proc.pid, f"127.0.0.1:{port}"
 
 
 async def tokens_of(target: str, texts: list[str], n: int) -> list[list[int]]:
@@ -102,14 +104,13 @@ async def tokens_of(target: str, texts: list[str], n: int) -> list[list[int]]:
 
 
 def run(kind: str, paths: dict, texts: list[str], args, check: bool = False):
-    proc, target = start(kind, paths, args)
+    stop, pid, target = start(kind, paths, args)
     try:
         if check:
             return asyncio.run(tokens_of(target, texts, args.tokens))
-        return asyncio.run(measure(kind, target, proc.pid, texts, args))
+        return asyncio.run(measure(kind, target, pid, texts, args))
     finally:
-        proc.terminate()
-        proc.wait(30)
+        stop()
 
 
 def render(res: dict, args, argv: list[str], same: int, n_same: int) -> str:
@@ -157,8 +158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         same = sum(x == y for x, y in zip(a, b))
         print(f"same tokens: {same}/50", file=sys.stderr, flush=True)
         runs: dict[str, list] = {"ours": [], "ct2": []}
-        for r in range(args.repeats):
-            for kind in (("ours", "ct2") if r % 2 == 0 else ("ct2", "ours")):
+        for r, order in enumerate(rotations(("ours", "ct2"), args.repeats)):
+            for kind in order:
                 print(f"  repeat {r + 1}: {kind}", file=sys.stderr, flush=True)
                 runs[kind].append(run(kind, paths, texts, args))
     res = {k: median_of(v) for k, v in runs.items()}

@@ -16,18 +16,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import threading
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Sequence
 
 import httpx
 
-from benchmarks.harness import ServerProcess
+from benchmarks.harness import ServerProcess, machine, rotations
 from client.client import TranslatorClient
 from models.data import multi30k_file
 
@@ -108,8 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                  "http_deepl": lambda: via_deepl(base, tokens_of)}
         names = list(paths)
         results: dict[str, list[dict]] = {n: [] for n in names}
-        for r in range(args.rounds):
-            order = names[r % len(names):] + names[:r % len(names)]
+        for r, order in enumerate(rotations(names, args.rounds)):
             for name in order:
                 results[name].append(run(paths[name], batches, args.clients, args.calls))
                 print(f"round {r + 1}/{args.rounds} {name}: {results[name][-1]['tokens_per_s']:.0f} tokens/s",
@@ -128,12 +125,11 @@ def render(results: dict[str, list[dict]], args, argv) -> str:
     rounds = len(results["grpc"])
     ratio = {n: statistics.median(results[n][i]["tokens_per_s"] / results["grpc"][i]["tokens_per_s"]
                                   for i in range(rounds)) for n in results}
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor())
+    m = machine()
     out = ["# HTTP/JSON vs gRPC, unary batches", "",
            f"`python -m benchmarks.http_throughput {' '.join(argv or sys.argv[1:])}` — "
-           f"{datetime.now(timezone.utc):%Y-%m-%d}, {cpu}, {len(open('/proc/cpuinfo').read().split('processor')) - 1}"
-           f" cores shared by server and clients; {args.clients} clients x {args.calls} calls of {args.batch} "
+           f"{m['date']}, {m['cpu']}, {m['cores']} cores shared by server and clients; {args.clients} clients x "
+           f"{args.calls} calls of {args.batch} "
            f"test sentences (en->de, shipped model), {rounds} alternating rounds.", "",
            "| path | tokens/s (median) | texts/s (median) | ratio to gRPC in the same round (median) |",
            "|---|---|---|---|"]

@@ -28,9 +28,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
-from benchmarks.harness import ServerProcess, cpu_seconds, free_port, wait_serving
+from benchmarks.harness import ServerProcess, cpu_seconds, free_port, rotations, wait_serving
 
 ROOT = Path(__file__).resolve().parents[1]
 CKPT = ROOT / "models/pretrained/multi30k-en-de-small/model.pt"
@@ -54,18 +54,19 @@ def prepare(work: Path, precisions: list[str]) -> dict:
     return out
 
 
-def start(kind: str, prec: str, paths: dict, args) -> tuple[subprocess.Popen, str]:
+def start(kind: str, prec: str, paths: dict, args) -> tuple[Callable[[], object], int, str]:
+    """The server of `kind` launched: (how to stop it, its pid, its target)."""
     if kind in ("ours", "before"):
         flags = args.ours_flags if kind == "ours" else args.before_flags
         server = ServerProcess("--model-repository", paths["repo"], "--variant", prec, "--max-queue-size", "4096",
                                "--max-batch-size", str(args.max_batch_size), *flags.split(), metrics=False).launch()
-        return server.proc, server.target
+        return (lambda: server.stop(timeout=30)), server.pid, server.target
     port = free_port()  # the CTranslate2 peer (benchmarks/ct2_server.py)
     cmd = [sys.executable, "-m", "benchmarks.ct2_server", "--model", paths["ct2"], "--tokenizer",
            paths["tokenizer"], "--port", str(port), "--threads", str(args.ct2_threads),
            "--compute-type", "int8" if prec == "int8" else "float32", "--max-batch", str(args.max_batch_size)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return proc, f"127.0.0.1:{port}"
+    return (lambda: (proc.terminate(), proc.wait(30))), proc.pid, f"127.0.0.1:{port}"
 
 
 async def measure(kind: str, target: str, pid: int, texts: list[str], args) -> dict:
@@ -110,12 +111,11 @@ async def unary_load(client, texts: list[str], args) -> dict:
 
 
 def run_one(kind: str, prec: str, paths: dict, texts: list[str], args) -> dict:
-    proc, target = start(kind, prec, paths, args)
+    stop, pid, target = start(kind, prec, paths, args)
     try:
-        return asyncio.run(measure(kind, target, proc.pid, texts, args))
+        return asyncio.run(measure(kind, target, pid, texts, args))
     finally:
-        proc.terminate()
-        proc.wait(30)
+        stop()
 
 
 def median_of(runs: list[dict]) -> dict:
@@ -216,9 +216,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     raw: dict = {prec: {kind: [] for kind in kinds} for prec in args.precisions}
     with tempfile.TemporaryDirectory() as tmp:
         paths = prepare(Path(tmp), args.precisions)
-        for rep in range(args.repeats):
+        for rep, order in enumerate(rotations(kinds, args.repeats)):
             for prec in args.precisions:
-                for kind in kinds[rep % len(kinds):] + kinds[:rep % len(kinds)]:  # rotate the order
+                for kind in order:
                     print(f"repeat {rep + 1}/{args.repeats}, {prec}, {kind}:", file=sys.stderr, flush=True)
                     raw[prec][kind].append(run_one(kind, prec, paths[prec], texts, args))
     results = {prec: {kind: median_of(runs) for kind, runs in by.items()} for prec, by in raw.items()}

@@ -176,7 +176,7 @@ async def run(args, argv: list[str]) -> dict:
         return await soak(args, argv, server, flags if server else [])
     finally:
         if server:
-            server.stop()
+            server.stop(drain=False)  # only the soak's own failures find it running: the drain phase SIGTERMs it
 
 
 async def soak(args, argv: list[str], server: Optional[ServerProcess], flags: list[str]) -> dict:

@@ -41,10 +41,6 @@ class ServerProcess(harness.ServerProcess):
         m = re.search(r"^VmRSS:\s+(\d+) kB", status, re.M)
         return int(m.group(1)) / 1024 if m else None
 
-    def stop(self, timeout: float = 0.0) -> Optional[int]:
-        """Only for the soak's own failures (the drain test sends SIGTERM itself): kill at once."""
-        return super().stop(timeout)
-
 
 class RssSampler:
     """VmRSS of the server every `period` seconds, tagged with the harness's phase."""

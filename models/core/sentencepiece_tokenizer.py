@@ -3,7 +3,7 @@
 Imports no torch and no transformers: the server tokenises imported models
 through this module, with the same `sentencepiece` library those tokenizers
 call, so ids agree by construction rather than by re-implementation
-(tests/test_huggingface.py checks them against transformers on awkward text).
+(tests/integration/test_huggingface.py checks them against transformers on awkward text).
 
 What both tokenizers do, and this class repeats:
   * SentencePiece segments the text (its own normaliser applies), giving pieces;

@@ -40,21 +40,19 @@ def test_unsupported_architectures_are_refused(tmp_path):
 def test_baseline_server_gives_our_servers_tokens(tmp_path):
     """benchmarks/ct2_server.py over the shipped model: the same tokens as our server, unary and
     streamed (the serving comparison is only fair if both do the same work)."""
-    import socket
     import subprocess
     import sys
     import time
 
     import grpc
+    from benchmarks.harness import free_port
     from tests.serving import ROOT, ServerThread, flickr_sentences
 
     from client import TranslatorClient
 
     ckpt = ROOT / "models/pretrained/multi30k-en-de-small/model.pt"
     model_dir = convert(ckpt, tmp_path / "ct2")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "benchmarks.ct2_server", "--model", str(model_dir),
                              "--tokenizer", str(newest_version(ROOT / "model_repository/multi30k-en-de-small") / "tokenizer.json"),
                              "--port", str(port), "--threads", "1"], cwd=ROOT)

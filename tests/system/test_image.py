@@ -8,7 +8,6 @@ deploy/offline-base.sh builds for hosts without Docker Hub (nmt-offline-base:3.1
 """
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.harness import free_port
 from tests.serving import ServerThread, wait_for
 
 from client import TranslatorClient
@@ -28,12 +28,6 @@ SENTENCES = ["A man rides a bicycle down the street.", "Two dogs play in the sno
 
 def docker(*args: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout, check=check)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +50,7 @@ def image():
 
 
 def test_image_serves_reports_healthy_and_drains_on_stop(image):
-    grpc_port, metrics_port = _free_port(), _free_port()
+    grpc_port, metrics_port = free_port(), free_port()
     name = f"nmt-test-{uuid.uuid4().hex[:8]}"
     docker("run", "-d", "--name", name, "-p", f"127.0.0.1:{grpc_port}:50051",
            "-p", f"127.0.0.1:{metrics_port}:9090", image)

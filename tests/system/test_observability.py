@@ -27,7 +27,6 @@ from functools import partial
 import grpc
 import pytest
 import yaml
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tests.serving import ROOT, EngineGate, ServerThread
 
 from models.core.bundle import discover
@@ -87,28 +86,13 @@ class Served:
 def served(tmp_path_factory):
     log_path = tmp_path_factory.mktemp("observability") / "server.log"
     server = ServerProcess("--log-format", "json", "--log-level", "info", "--grace-period-s", "5",
-                           log_path=log_path).launch()
-    proc, port, metrics_port = server.proc, server.port, server.metrics_port
-    s = Served(proc, log_path, port, metrics_port)
-    health = health_pb2_grpc.HealthStub(s.channel)
-    end = time.monotonic() + 120
+                           log_path=log_path).start(timeout=120)
+    s = Served(server.proc, log_path, server.port, server.metrics_port)
     try:
-        while True:
-            assert proc.poll() is None, log_path.read_text()
-            try:
-                if health.Check(health_pb2.HealthCheckRequest(), timeout=2).status == \
-                        health_pb2.HealthCheckResponse.SERVING:
-                    break
-            except grpc.RpcError:
-                pass
-            assert time.monotonic() < end, "the server never became SERVING:\n" + log_path.read_text()
-            time.sleep(0.2)
         yield s
     finally:
         s.channel.close()
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(30)
+        server.stop(drain=False)
 
 
 def request_id_of(metadata) -> str:

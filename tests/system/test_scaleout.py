@@ -112,9 +112,8 @@ class Replica:
             r'^nmt_requests_total\{(?=[^}]*rpc="(?:Translate|TranslateStream)")[^}]*\} (\S+)$', text, re.M))
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
+        if self.proc is not None:
+            self.server.stop(drain=False)  # killed if still running; its log closed
 
 
 def _replace(text: str, pattern: str, repl, flags=re.M) -> str:

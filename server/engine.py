@@ -68,11 +68,17 @@ class Engine:
         """Encode jobs (padding-masked, in groups of similar length) and give each its decode rows,
         primed with BOS; rows come back in the order of `jobs`."""
         rows: list[list[Row]] = [[] for _ in jobs]
-        for group in length_groups([len(j.src_ids) for j in jobs], self.max_padding):
-            _, cross_k, cross_v, mask = self._encode([jobs[i].src_ids for i in group])
-            for g, i in enumerate(group):
-                rows[i] = self.cache.allocate(cross_k[:, g], cross_v[:, g], mask[g], jobs[i].params.rows,
-                                              self.spec.bos_id)
+        try:
+            for group in length_groups([len(j.src_ids) for j in jobs], self.max_padding):
+                _, cross_k, cross_v, mask = self._encode([jobs[i].src_ids for i in group])
+                for g, i in enumerate(group):
+                    rows[i] = self.cache.allocate(cross_k[:, g], cross_v[:, g], mask[g], jobs[i].params.rows,
+                                                  self.spec.bos_id)
+        except BaseException:
+            # A later group's pass failed: the rows given to earlier groups belong to no request yet, and
+            # would be decoded in every later step (found by tests/unit/test_engine_core_loop.py).
+            self.cache.release([r for job_rows in rows for r in job_rows])
+            raise
         return rows
 
     def embed(self, jobs: list[EmbedJob]) -> np.ndarray:

@@ -64,15 +64,20 @@ class EngineLoop(threading.Thread):
         """One schedule -> execute -> update round; False if there was nothing to run."""
         sched, engine = self.scheduler, self.engine
         scheduled = sched.schedule(now)
-        if scheduled.encode:
-            for job, rows in zip(scheduled.encode, engine.encode(scheduled.encode)):
-                sched.start(job, rows)
-        if scheduled.embed:
-            vectors = engine.embed(scheduled.embed)
-            for job, vec in zip(scheduled.embed, vectors):
-                job.timing.finished = time.monotonic()
-                job.sink(vec)
-            relay.flush()  # embeddings are done: do not hold them for the decode step
+        try:
+            if scheduled.encode:
+                for job, rows in zip(scheduled.encode, engine.encode(scheduled.encode)):
+                    sched.start(job, rows)
+            if scheduled.embed:
+                vectors = engine.embed(scheduled.embed)
+                for job, vec in zip(scheduled.embed, vectors):
+                    job.timing.finished = time.monotonic()
+                    job.sink(vec)
+                relay.flush()  # embeddings are done: do not hold them for the decode step
+        except Exception as e:
+            # Admitted jobs are neither queued nor running until started: answer them here, or nobody will.
+            sched.fail_unstarted(scheduled.encode + scheduled.embed, Internal(f"internal engine error: {e}"))
+            raise
         if not engine.cache.used:
             return bool(scheduled.encode or scheduled.embed)
         sched.update(engine.decode_step(sched.controls()), time.monotonic())

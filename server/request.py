@@ -127,6 +127,7 @@ class Job:
     id: int = field(default_factory=lambda: next(_ids))
     timing: Timing = field(default_factory=Timing)
     cancelled: bool = False  # set from the service side; read by the engine thread
+    answered: bool = False  # a terminal event (finish or error) went to the sink: never a second one
     scores: bool = False  # report hypothesis log-probabilities (beam search always has them)
     stream: bool = False  # send TokenEvents as tokens are decoded (else only the FinishEvent)
     # Tokens forced as the first outputs (M2M100/NLLB: the target-language token), with log-prob 0
@@ -153,6 +154,7 @@ class EmbedJob:
     id: int = field(default_factory=lambda: next(_ids))
     timing: Timing = field(default_factory=Timing)
     cancelled: bool = False
+    answered: bool = False  # as Job.answered
 
     def cancel(self) -> None:
         self.cancelled = True

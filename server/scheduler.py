@@ -111,7 +111,9 @@ class Scheduler:
         """Sleep until a submit (or close), at most `timeout`: when idle, or when `stalled`
         (waiting work that cannot be admitted and nothing running: never spin on it)."""
         with self.lock:
-            if (self.idle or stalled) and not self.closed:
+            # Closed or not: a loop that returned at once would spin (draining work it cannot admit, or
+            # idle after fail_everything); the loop checks for its exit before it waits.
+            if self.idle or stalled:
                 self.wakeup.wait(timeout)
 
     def oldest_wait(self, now: float) -> float:
@@ -296,6 +298,9 @@ class Scheduler:
     def _finish(self, state: Running, hyps: list[Hypothesis], reason: FinishReason, now: float) -> None:
         job = state.job
         self.running.remove(state)
+        if job.answered:
+            return
+        job.answered = True
         job.timing.finished = now
         produced = sum(len(h.tokens) for h in hyps[:1])
         self.m.output_tokens.inc(produced)
@@ -304,8 +309,18 @@ class Scheduler:
         job.sink(FinishEvent(hyps, reason, len(job.src_ids), job.timing))
 
     def _fail(self, job: Job | EmbedJob, error: Exception) -> None:
+        if job.answered:  # fail_everything answered it from another thread; the loop only drops it now
+            return
+        job.answered = True
         job.timing.finished = time.monotonic()
         job.sink(error if isinstance(job, EmbedJob) else ErrorEvent(error))
+
+    def fail_unstarted(self, jobs: list, error: Exception) -> None:
+        """Jobs schedule() admitted whose encoder pass failed before they started: answer each once."""
+        started = {id(state.job) for state in self.running}
+        for job in jobs:
+            if id(job) not in started and not job.answered and job.timing.finished is None:
+                self._fail(job, error)
 
     def _drop_stale_running(self, now: float) -> None:
         for state in list(self.running):

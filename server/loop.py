@@ -56,7 +56,7 @@ class EngineLoop(threading.Thread):
                     sched.wait_for_work(0.05, stalled=True)
             except Exception as e:  # noqa: BLE001 (an engine bug must not kill the loop)
                 log.exception("engine step failed; failing the running requests")
-                sched.abort_all(Internal(f"internal engine error: {e}"))
+                sched.fail_running(Internal(f"internal engine error: {e}"))
             finally:
                 relay.flush()
 

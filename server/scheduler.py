@@ -354,10 +354,15 @@ class Scheduler:
             waiting, self.waiting = list(self.waiting), collections.deque()
         for job in waiting:
             self._fail(job, error)
+        self.m.waiting.set(0)
+        self.fail_running(error)
+
+    def fail_running(self, error: Exception) -> None:
+        """A step failed: fail the rows that were in it and free their slots. The queue is left alone:
+        its requests never reached the engine, and get their own chance."""
         for state in list(self.running):
             self.cache.release([r for r in state.rows if r.slot >= 0])
             self.running.remove(state)
             self._fail(state.job, error)
-        self.m.waiting.set(0)
         self.m.running.set(0)
         self.m.kv_usage.set(self.cache.usage())

@@ -385,3 +385,30 @@ def test_the_relay_delivers_in_order_with_one_wakeup_per_step():
         return got, relay.wakeups
     got, wakeups = asyncio.run(main())
     assert got == list(range(50)) + ["direct"] and wakeups == 2
+
+
+def test_a_failed_step_fails_its_rows_and_leaves_the_queue_to_run():
+    """One bad decode step answers the requests that were in it (INTERNAL) and frees their slots; the
+    requests still queued behind them never reached the engine and are served afterwards."""
+    core = Core(slots=1)
+    core.loop.start()
+    try:
+        started, finished = threading.Event(), threading.Event()
+        running = core.job(list(range(10, 30)))
+        queued = core.job([40, 41])
+        running.sink = lambda e, box=core.events[running.id]: (box.append(e), started.set())
+        queued.sink = lambda e, box=core.events[queued.id]: (box.append(e), finished.set())
+        gate = threading.Event()
+        real = core.model.decode_step
+
+        def held_then_failing(*args, **kwargs):
+            gate.wait(10)  # both requests are submitted (one running, one queued) before the step fails
+            core.model.decode_step = real
+            raise RuntimeError("scripted step failure")
+        core.model.decode_step = held_then_failing
+        core.submit(running, queued)
+        gate.set()
+        assert started.wait(10) and isinstance(core.error(running), Internal)
+        assert finished.wait(10) and core.tokens(queued) == [40, 41]
+    finally:
+        core.loop.stop(5)

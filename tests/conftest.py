@@ -39,6 +39,15 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = f"skipped under NMT_REQUIRE_TOOLS=1, which allows skips only for {MAY_SKIP}: {reason}"
 
 
+@pytest.fixture(scope="module")
+def shipped_server():
+    """The shipped models with default settings, one server per test module that asks for it."""
+    from tests.serving import ServerThread
+    srv = ServerThread().start()
+    yield srv
+    srv.stop()
+
+
 @pytest.fixture
 def start_server():
     """Start in-process servers (tests/serving.py ServerThread) with the settings a test needs:

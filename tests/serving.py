@@ -141,6 +141,22 @@ def start_subprocess(port: int, metrics_port: int, *extra: str) -> subprocess.Po
     return ServerProcess(*extra, port=port, metrics_port=metrics_port, pipe=True).launch().proc
 
 
+def wait_process_serving(client, proc: subprocess.Popen, timeout: float = 90) -> None:
+    """Until `client` sees SERVING from a server process started with start_subprocess (its output
+    is in the failure when the process exits first)."""
+    import grpc
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        assert proc.poll() is None, proc.stdout.read()
+        try:
+            if client.health() == "SERVING":
+                return
+        except grpc.RpcError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError("server never became SERVING")
+
+
 class EngineGate:
     """Holds a model's engine loop before its next iteration until released: lets a test line
     up queue and stream states exactly, instead of racing the engine.

@@ -35,10 +35,8 @@ deepl.http_client.max_network_retries = 0  # a 429 must reach the test, not be r
 
 
 @pytest.fixture(scope="module")
-def srv():
-    s = ServerThread().start()
-    yield s
-    s.stop()
+def srv(shipped_server):
+    return shipped_server
 
 
 @pytest.fixture(scope="module")

@@ -10,23 +10,10 @@ import pytest
 
 from client import TranslatorClient
 from benchmarks.harness import free_port, run_server
-from tests.serving import ROOT, EngineGate, ServerThread, start_subprocess, wait_for
+from tests.serving import ROOT, EngineGate, ServerThread, start_subprocess, wait_for, wait_process_serving
 
 from protos.nmt.v1 import translator_pb2 as pb
 from server.config import ServerConfig
-
-
-def wait_serving(client: TranslatorClient, proc: subprocess.Popen, timeout: float = 90) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        assert proc.poll() is None, proc.stdout.read()
-        try:
-            if client.health() == "SERVING":
-                return
-        except grpc.RpcError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError("server never became SERVING")
 
 
 @pytest.fixture
@@ -36,7 +23,7 @@ def served():
     proc = start_subprocess(port, mport, "--grace-period-s", "20", "--runaway-guard", "false")
     client = TranslatorClient(f"127.0.0.1:{port}", timeout=60, retries=0)
     try:
-        wait_serving(client, proc)
+        wait_process_serving(client, proc)
         yield proc, client, port
     finally:
         client.close()

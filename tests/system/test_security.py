@@ -24,7 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_status import rpc_status
 from benchmarks.harness import free_port
-from tests.serving import ServerThread, start_subprocess
+from tests.serving import ServerThread, start_subprocess, wait_process_serving
 
 from client import AsyncTranslatorClient, TranslatorClient
 from client.__main__ import main as client_main
@@ -352,7 +352,7 @@ def test_sighup_reloads_the_key_file_of_a_server_process(tmp_path):
     try:
         with TranslatorClient(f"127.0.0.1:{port}", timeout=30, retries=0, api_key=KEYS["alice"]) as a, \
                 TranslatorClient(f"127.0.0.1:{port}", timeout=30, retries=0, api_key=KEYS["erin"]) as e:
-            wait_serving(a, proc)  # health is open: no key needed, but sending one is fine
+            wait_process_serving(a, proc)  # health is open: no key needed, but sending one is fine
             assert a.translate([TEXT]).translations
             key_file(path, erin={})
             proc.send_signal(signal.SIGHUP)
@@ -380,18 +380,6 @@ def test_sighup_reloads_the_key_file_of_a_server_process(tmp_path):
     assert proc.returncode == 0
     assert "reloaded --api-keys-file" in output and "line 1" in output and "never keys" in output
     assert KEYS["erin"] not in output and KEYS["alice"] not in output
-
-
-def wait_serving(c: TranslatorClient, proc, timeout: float = 90) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        assert proc.poll() is None, proc.stdout.read()
-        try:
-            if c.health() == "SERVING":
-                return
-        except grpc.RpcError:
-            time.sleep(0.2)
-    raise AssertionError("server never became SERVING")
 
 
 def scrape(port: int, name: str) -> str:

@@ -18,10 +18,8 @@ from server.request import DecodingParams, ErrorEvent, FinishEvent
 
 
 @pytest.fixture(scope="module")
-def server():
-    srv = ServerThread().start()
-    yield srv
-    srv.stop()
+def server(shipped_server):
+    return shipped_server
 
 
 @pytest.fixture(scope="module")

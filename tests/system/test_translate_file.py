@@ -25,10 +25,8 @@ N_LINES = 2000
 
 
 @pytest.fixture(scope="module")
-def server():
-    srv = ServerThread().start()
-    yield srv
-    srv.stop()
+def server(shipped_server):
+    return shipped_server
 
 
 @pytest.fixture(scope="module")

@@ -103,26 +103,40 @@ class Admission:
     def served(self) -> str:
         return "; ".join(f"{n}: {m.describe_languages()}" for n, m in sorted(self.models.items()))
 
+    def sources(self, target_language: str = "") -> list[str]:
+        """The source languages some model translates into `target_language` (any target: "")."""
+        return sorted({s for m in self.models.values() for s, t in m.bundle.languages.pairs
+                       if not target_language or t == target_language})
+
+    def targets(self, source_language: str = "") -> list[str]:
+        """The target languages some model translates `source_language` into (any source: "")."""
+        return sorted({t for m in self.models.values() for s, t in m.bundle.languages.pairs
+                       if not source_language or s == source_language})
+
+    def source_of(self, found: Detection, target_language: str, what: str = "the text") -> str:
+        """The served source language a detection routes to (server/language_id.py `route`), counted in
+        nmt_language_detections_total; INVALID_ARGUMENT naming the served pairs when `what` is
+        confidently in a language no model serving the target translates from."""
+        language = route(found, self.sources(target_language))
+        if self.metrics is not None:
+            self.metrics.language_detections.labels(found.language if language else "unserved").inc()
+        if language is None:
+            raise InvalidArgument(f"{what} is in {shown(found.language)} (detected, confidence "
+                                  f"{found.confidence:.2f}); no loaded model translates it"
+                                  f"{' into ' + shown(target_language) if target_language else ''}: "
+                                  f"send source_language, or use one of: {self.served()}")
+        return language
+
     def route(self, name: str, source_language: str, target_language: str, texts, mime_type: str = ""
               ) -> tuple[HostedModel, str, Optional[Detection]]:
         """(model, source language, the detection it came from or None). A request that names neither a
         model nor a source language is routed by the language its texts are in when several models are
-        loaded (with one, its source language is the default); texts confidently in a language no model
-        serving the target translates from are refused."""
+        loaded (with one, its source language is the default)."""
         detects = not name and not source_language and len(self.models) > 1
         if not detects or not any(t.strip() for t in texts):
             return self.model(name, source_language, target_language), source_language, None
         found = self.identifier.detect_all(texts, html="html" in mime_type.lower())
-        served = sorted({s for m in self.models.values() for s, t in m.bundle.languages.pairs
-                         if not target_language or t == target_language})
-        language = route(found, served)
-        if self.metrics is not None:
-            self.metrics.language_detections.labels(found.language if language else "unserved").inc()
-        if language is None:
-            raise InvalidArgument(f"the text is in {shown(found.language)} (detected, confidence "
-                                  f"{found.confidence:.2f}); no loaded model translates it"
-                                  f"{' into ' + shown(target_language) if target_language else ''}: "
-                                  f"send source_language, or use one of: {self.served()}")
+        language = self.source_of(found, target_language)
         return self.model("", language, target_language), language, found
 
     def model_name_for(self, name: str, source_language: str = "", target_language: str = "", texts=()) -> str:

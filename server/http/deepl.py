@@ -48,7 +48,7 @@ def failed(e: CallFailed) -> JSONResponse:
     if e.code == grpc.StatusCode.RESOURCE_EXHAUSTED and e.message.startswith(QUOTA_REASON):
         return error(456, f"Quota exceeded: {e.message}")
     headers = retry_headers(e)
-    return error(http_status(e.code) if e.code != grpc.StatusCode.CANCELLED else 499, e.message, headers)
+    return error(http_status(e.code), e.message, headers)
 
 
 def from_deepl(code: str) -> str:
@@ -138,10 +138,10 @@ class DeepLApi:
         if kind not in ("source", "target"):
             return self.edge.count(API, "languages", error(400, "Value for 'type' not supported (source or target)."))
         if kind == "source":
-            body = [{"language": c.upper(), "name": language_name(c)} for c in self.edge.sources()]
+            body = [{"language": c.upper(), "name": language_name(c)} for c in self.edge.admission.sources()]
         else:
             body = [{"language": c.upper(), "name": language_name(c), "supports_formality": False}
-                    for c in self.edge.targets()]
+                    for c in self.edge.admission.targets()]
         return self.edge.count(API, "languages", JSONResponse(body))
 
     async def usage(self, request: Request) -> Response:

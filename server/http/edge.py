@@ -84,19 +84,3 @@ class Edge:
             return ""
         found = self.keys.find(key) if key else None
         return found.key_id if found is not None else None
-
-    # -- languages ----------------------------------------------------------------------
-    def pairs(self) -> list[tuple[str, str, str]]:
-        """(model, source, target) for every pair every model serves; the default model first."""
-        models = self.admission.models
-        order = [self.admission.default] + sorted(n for n in models if n != self.admission.default)
-        return [(name, s, t) for name in order for s, t in models[name].bundle.languages.pairs]
-
-    def sources(self, target: str = "") -> list[str]:
-        return sorted({s for _, s, t in self.pairs() if not target or t == target})
-
-    def targets(self, source: str = "") -> list[str]:
-        return sorted({t for _, s, t in self.pairs() if not source or s == source})
-
-    def describe_pairs(self) -> str:
-        return ", ".join(sorted({f"{s}->{t}" for _, s, t in self.pairs()}))

@@ -34,7 +34,7 @@ def failed(e: CallFailed) -> JSONResponse:
     if e.code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
         return error(403, f"Invalid API key: {e.message}")
     headers = retry_headers(e)
-    return error(http_status(e.code) if e.code != grpc.StatusCode.CANCELLED else 499, e.message, headers)
+    return error(http_status(e.code), e.message, headers)
 
 
 class LibreTranslateApi:
@@ -74,7 +74,10 @@ class LibreTranslateApi:
     def _ask(self, params: Params) -> tuple[Ask, bool]:
         if not params.has("q"):
             raise BadParam("Invalid request: missing q parameter")
-        many = isinstance(params.fields.get("q"), list) and not _is_form_single(params)
+        # A JSON list is a list of texts; a form or query field is always a list of its values, and a
+        # single one is LibreTranslate's single q.
+        q = params.fields.get("q")
+        many = isinstance(q, list) and (params.json_body or len(q) > 1)
         texts = params.texts("q") if many else [params.text("q")]
         source, target = params.text("source"), params.text("target")
         if not source:
@@ -90,8 +93,8 @@ class LibreTranslateApi:
                    alternatives=alternatives), many
 
     async def languages(self, request: Request) -> Response:
-        body = [{"code": source, "name": language_name(source), "targets": self.edge.targets(source)}
-                for source in self.edge.sources()]
+        body = [{"code": source, "name": language_name(source), "targets": self.edge.admission.targets(source)}
+                for source in self.edge.admission.sources()]
         return self.edge.count(API, "languages", JSONResponse(body))
 
     async def detect(self, request: Request) -> Response:
@@ -109,9 +112,3 @@ class LibreTranslateApi:
         (found,) = await detect(self.edge, [text], False)
         body = [{"confidence": round(100 * p, 1), "language": lang} for lang, p in found.ranked[:3] if p > 0.0005]
         return self.edge.count(API, "detect", JSONResponse(body or [{"confidence": 0.0, "language": found.language}]))
-
-
-def _is_form_single(params: Params) -> bool:
-    """A form field given once is a list of one in the parsed form: that is LibreTranslate's single q."""
-    value = params.fields.get("q")
-    return isinstance(value, list) and len(value) == 1 and not params.json_body

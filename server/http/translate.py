@@ -18,7 +18,8 @@ import grpc
 from protos.nmt.v1 import translator_pb2 as pb
 from server.gateway import Caller, CallFailed
 from server.http.edge import Edge
-from server.language_id import Detection, route
+from server.errors import ServiceError
+from server.language_id import Detection
 
 
 @dataclass
@@ -52,17 +53,14 @@ async def translate(edge: Edge, ask: Ask, caller: Caller) -> list[Translated]:
         confidence: list[Optional[float]] = [None] * len(ask.texts)
     else:
         found = await detect(edge, ask.texts, ask.html)
-        served = edge.sources(ask.target)
+        served = edge.admission.sources(ask.target)
         groups, confidence = {}, []
         for i, detection in enumerate(found):
-            language = route(detection, served) if ask.texts[i].strip() else (served[0] if served else None)
-            edge.metrics.language_detections.labels(detection.language if language else "unserved").inc()
-            if language is None:
-                raise CallFailed(grpc.StatusCode.INVALID_ARGUMENT,
-                                 f"text {i} is in {detection.language!r} (detected, confidence "
-                                 f"{detection.confidence:.2f}); no served model translates it"
-                                 f"{' into ' + repr(ask.target) if ask.target else ''}; served: "
-                                 f"{edge.describe_pairs()}")
+            try:  # a blank text has no language: it goes with the first served one
+                language = served[0] if served and not ask.texts[i].strip() else \
+                    edge.admission.source_of(detection, ask.target, f"text {i}")
+            except ServiceError as e:
+                raise CallFailed(grpc.StatusCode[e.code], str(e)) from None
             groups.setdefault(language, []).append(i)
             confidence.append(dict(detection.ranked).get(language, 0.0))
     calls = [_call(edge, ask, source, [ask.texts[i] for i in members], caller)

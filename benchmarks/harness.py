@@ -182,12 +182,34 @@ def run_server(*flags: str, timeout: float = 120.0, env: Optional[dict] = None) 
 
 
 def cpu_seconds(pid: Optional[int] = None) -> float:
-    """CPU time (user + system) of this process, or of process `pid` (Linux /proc)."""
+    """CPU time (user + system) of this process, or of process `pid` and its live descendants (a
+    server's engine core process: --engine-core process), from Linux /proc."""
     if pid is None:
         t = os.times()
         return t.user + t.system
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for p in [pid, *descendants(pid)]:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:  # exited meanwhile
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def descendants(pid: int) -> list[int]:
+    """Live child processes of `pid`, their children, and so on (/proc/PID/task/*/children)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for children in Path(f"/proc/{p}/task").glob("*/children"):
+            try:
+                kids = [int(c) for c in children.read_text().split()]
+            except FileNotFoundError:
+                continue
+            out += kids
+            todo += kids
+    return out
 
 
 async def wait_serving(client, tries: int = 600) -> None:

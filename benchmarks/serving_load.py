@@ -35,7 +35,7 @@ def server_flags(args) -> list[str]:
     return ["--model-repository", args.repository, "--max-batch-size", str(args.max_batch_size),
             "--max-queue-size", "1024", "--intra-op-threads", str(args.threads),
             "--stream-interval", str(args.stream_interval), "--provider", args.provider, "--variant", args.variant,
-            "--decoder", args.decoder]
+            "--decoder", args.decoder, "--engine-core", args.engine_core]
 
 
 def component_costs(runtime, tok, texts: Sequence[str], out_len: float) -> dict:
@@ -274,9 +274,10 @@ def render(results: dict, args, argv) -> str:
              "without gRPC.", "",
              f"Command: `python -m benchmarks.serving_load {' '.join(argv)}`", ""]
     for run in runs:
-        k = run["stream_interval"]
+        k, core = run["stream_interval"], run.get("engine_core", "thread")
         lines += [f"## Stream interval {k}" + (" (default: a message per token)" if k == 1 else
-                                               f" (first token at once, then a message every {k} tokens)"),
+                                               f" (first token at once, then a message every {k} tokens)")
+                  + f", engine core: {core}",
                   "", *table(run), ""]
     g = {lv["concurrency"]: lv for lv in base["grpc"]["levels"]}
     lines += ["## Targets (issues 4 and 9)", ""]
@@ -288,7 +289,8 @@ def render(results: dict, args, argv) -> str:
     for run in runs:
         ip, gp = peak(run["inprocess"]["levels"]), peak(run["grpc"]["levels"])
         gap = 1 - gp["tokens_per_s"] / ip["tokens_per_s"]
-        lines.append(f"- gRPC vs in-process at saturation, stream interval {run['stream_interval']}: peak "
+        lines.append(f"- gRPC (engine core {run.get('engine_core', 'thread')}) vs in-process at saturation, "
+                     f"stream interval {run['stream_interval']}: peak "
                      f"{gp['tokens_per_s']:,.0f} ({gp['concurrency']} streams) vs {ip['tokens_per_s']:,.0f} "
                      f"({ip['concurrency']} streams) = {100 * gap:.1f}% below (target <= 10%): "
                      f"{'met' if gap <= 0.10 else 'missed'}")
@@ -332,10 +334,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="server decoder graph (see python -m server --help)")
     p.add_argument("--stream-intervals", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4],
                    help="server --stream-interval values to compare; the first is the main table")
+    p.add_argument("--engine-cores", type=lambda s: s.split(","), default=["thread"],
+                   help="server --engine-core values to compare through gRPC (thread, process), alternating")
     p.add_argument("--repeats", type=int, default=3, help="sweeps per mode; each cell reports the median")
     p.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "serving_load.md"))
     p.add_argument("--mode", choices=["inprocess", "grpc"], help=argparse.SUPPRESS)
     p.add_argument("--stream-interval", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--engine-core", default="thread", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     texts = Path(args.src_file).read_text(encoding="utf-8").splitlines()
     if args.mode:
@@ -344,18 +349,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     from models.core.bundle import discover
     # Repeats alternate the modes, so slow drift of a shared machine hits both alike.
-    raw: dict = {(k, mode): [] for k in args.stream_intervals for mode in ("inprocess", "grpc")}
+    modes = ["inprocess", *(f"grpc:{core}" for core in args.engine_cores)]
+    raw: dict = {(k, mode): [] for k in args.stream_intervals for mode in modes}
     for rep in range(args.repeats):
         for k in args.stream_intervals:
-            for mode in ("inprocess", "grpc"):
+            for mode in modes:
                 print(f"repeat {rep + 1}/{args.repeats}, stream interval {k}, {mode}:", file=sys.stderr, flush=True)
-                proc = subprocess.run([sys.executable, "-m", "benchmarks.serving_load", *argv, "--mode", mode,
-                                       "--stream-interval", str(k)], cwd=ROOT, stdout=subprocess.PIPE, text=True,
-                                      check=True)
+                kind, _, core = mode.partition(":")
+                proc = subprocess.run([sys.executable, "-m", "benchmarks.serving_load", *argv, "--mode", kind,
+                                       "--stream-interval", str(k), "--engine-core", core or "thread"], cwd=ROOT,
+                                      stdout=subprocess.PIPE, text=True, check=True)
                 raw[k, mode].append(json.loads(proc.stdout.strip().splitlines()[-1]))
     results = {"model": discover(args.repository)[0].name, "repeats": args.repeats,
-               "runs": [{"stream_interval": k, **{mode: median_run(raw[k, mode]) for mode in ("inprocess", "grpc")}}
-                        for k in args.stream_intervals]}
+               "runs": [{"stream_interval": k, "engine_core": core, "inprocess": median_run(raw[k, "inprocess"]),
+                         "grpc": median_run(raw[k, f"grpc:{core}"])}
+                        for k in args.stream_intervals for core in args.engine_cores]}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(results, indent=1))

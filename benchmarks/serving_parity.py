@@ -102,6 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--variant", default="fp32", choices=["fp32", "int8"], help="bundle variant the server runs")
     p.add_argument("--limit", type=int, default=0, help="first N sentences only (0 = all)")
+    p.add_argument("--engine-core", default="thread", choices=["thread", "process"],
+                   help="server --engine-core: the engine in the server's process or in a core process")
     p.add_argument("--out", help="report file (default docs/benchmarks/serving_parity.md, _int8.md for --variant int8)")
     args = p.parse_args(argv)
     texts = Path(args.src_file).read_text(encoding="utf-8").splitlines()
@@ -116,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The reference has no runaway guard; what the guard changes (loops only) is measured by
         # benchmarks/runaway.py.
         server = ServerProcess("--decoder", decoder, "--max-queue-size", "4096", "--runaway-guard", "false",
-                               "--variant", args.variant, metrics=False).launch()
+                               "--variant", args.variant, "--engine-core", args.engine_core, metrics=False).launch()
         try:
             print(f"server --decoder {decoder}", file=sys.stderr, flush=True)
             got = asyncio.run(collect(server.target, texts, args.beam))
@@ -134,7 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name_a, name_b, a, b in pairs:
             diff = compare(a, b)
             failed |= bool(diff)
-            rows.append((f"{decoder} {args.variant}", name_a, name_b, len(texts) - len(diff), len(texts),
+            rows.append((f"{decoder} {args.variant}" + (" (engine core process)" if args.engine_core == "process"
+                                                         else ""), name_a, name_b, len(texts) - len(diff), len(texts),
                          ", ".join(str(i) for i in diff[:10])))
             print(f"  {name_a} vs {name_b}: {len(texts) - len(diff)}/{len(texts)} identical", file=sys.stderr)
     lines = ["# Serving parity on the whole test set", "",

@@ -174,7 +174,7 @@ class Admission:
         sink of the i-th sentence (document order). Raises a ServiceError naming every problem."""
         admitted = await self._off_loop(self._admit, call, sink_for)
         if admitted.jobs:
-            admitted.model.scheduler.submit(admitted.jobs)  # all or none
+            await admitted.model.submit(admitted.jobs)  # all or none
         return admitted
 
     def _admit(self, call: TranslateCall, sink_for: Callable[[int], Sink]) -> Admitted:
@@ -218,7 +218,7 @@ class Admission:
             return model.embed_jobs(texts, [sink_for(i) for i in range(len(texts))], deadline)
         jobs = await self._off_loop(admit)
         calls.submitted(jobs)
-        model.scheduler.submit(jobs)
+        await model.submit(jobs)
         return model, jobs
 
     def _charge(self, texts: list[str]) -> None:

@@ -13,6 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from models.core.bundle import discover
 from protos.nmt.v1 import translator_pb2 as pb
 from server.config import ServerConfig
+from server.enginecore.supervisor import CoreSupervisor
 from server.errors import Unavailable
 from server.admission import Admission, Limits
 from server.gateway import Gateway
@@ -39,8 +40,9 @@ class ConfigError(ValueError):
 class TranslationServer:
     def __init__(self, cfg: ServerConfig):
         self.cfg = cfg
-        self.metrics = Metrics()
+        self.metrics = Metrics(engine_here=cfg.engine_core == "thread")
         self.models: dict[str, HostedModel] = {}
+        self.core: Optional[CoreSupervisor] = None  # --engine-core process: the engine core's supervisor
         self.server: Optional[grpc.aio.Server] = None
         self.health = Health(("", SERVICE_NAME))  # readiness names; the "liveness" entry stays up while draining
         self.port = 0
@@ -53,27 +55,20 @@ class TranslationServer:
         self._watchdog: Optional[asyncio.Task] = None
         self.engine_failure: Optional[str] = None  # set by the watchdog; the process then exits non-zero
         self.tracer: Optional[tracing.RpcTracer] = None  # OpenTelemetry, when configured (server/observability/)
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
         self.span_exporter = None  # tests: an OpenTelemetry span exporter to trace into, set before start()
 
     async def start(self) -> int:
         """Load and warm every model, then serve; health turns SERVING last. Returns the bound port."""
         cfg = self.cfg
+        self._loop = loop = asyncio.get_running_loop()
         problems = cfg.problems()
         if problems:
             raise ConfigError("invalid settings: " + "; ".join(problems))
-        loop = asyncio.get_running_loop()
-        for bundle in discover(cfg.model_repository):
-            t0 = time.perf_counter()
-            model = HostedModel(bundle, cfg, self.metrics)
-            await loop.run_in_executor(None, model.start)  # warm-up blocks; keep the event loop free
-            self.models[bundle.name] = model
-            provider = model.runtime.providers[0]
-            self.metrics.model_loaded(bundle.name, bundle.version, cfg.variant, provider, cfg.max_queue_size)
-            log.info("loaded %s v%d (%s -> %s) on %s", bundle.name, bundle.version, bundle.source_language,
-                     bundle.target_language, provider,
-                     extra={"event": "model_loaded", "model": bundle.name, "version": bundle.version,
-                            "variant": cfg.variant, "provider": provider, "source_language": bundle.source_language,
-                            "target_language": bundle.target_language, "load_s": round(time.perf_counter() - t0, 3)})
+        if cfg.engine_core == "process":
+            await self._start_core()
+        else:
+            await self._load_models()
         default = cfg.default_model or sorted(self.models)[0]
         if default not in self.models:
             raise ValueError(f"--default-model {default!r} is not in {sorted(self.models)}")
@@ -114,17 +109,70 @@ class TranslationServer:
                         "grpc_port": self.port, "http_port": self.http_port or None,
                         "metrics_port": self.metrics_port or None,
                         "build": self.metrics.build, "config": config_summary(cfg)})
-        self._watchdog = asyncio.create_task(self._watch())
+        if self.core is None:  # the core process watches its own loops; its supervisor restarts it
+            self._watchdog = asyncio.create_task(self._watch())
         return self.port
+
+    async def _load_models(self) -> None:
+        """Every bundle with its engine in this process, warmed up."""
+        loop = asyncio.get_running_loop()
+        for bundle in discover(self.cfg.model_repository):
+            t0 = time.perf_counter()
+            model = HostedModel(bundle, self.cfg, self.metrics)
+            await loop.run_in_executor(None, model.start)  # warm-up blocks; keep the event loop free
+            self.models[bundle.name] = model
+            self._loaded(model, time.perf_counter() - t0)
+
+    async def _start_core(self) -> None:
+        """The engine core process loads and warms every model; this process keeps their tokenizers and
+        request checks, and queues through the core's link (server/enginecore/)."""
+        t0 = time.perf_counter()
+        self.core = CoreSupervisor(self.cfg, self.metrics, on_down=self.health.not_ready, on_up=self._core_back)
+        ready = await self.core.start()
+        facts = {f.name: f for f in ready.models}
+        self.metrics.add_core(self._core_metrics)
+        for bundle in discover(self.cfg.model_repository):
+            model = HostedModel(bundle, self.cfg, self.metrics, engine=False)
+            model.link, model.provider, model.capacity = self.core.link, facts[bundle.name].provider, \
+                facts[bundle.name].capacity
+            self.models[bundle.name] = model
+            self._loaded(model, time.perf_counter() - t0)
+
+    async def _core_back(self) -> None:
+        if not self._stopped.is_set():
+            await self.health.serving()
+
+    def _core_metrics(self) -> str:
+        """The core's exposition, for a scrape on any thread but the loop's (the metrics port's thread)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return ""
+        try:
+            if asyncio.get_running_loop() is loop:
+                return ""  # a scrape on the loop itself cannot wait for the loop's own answer
+        except RuntimeError:
+            pass
+        try:
+            return asyncio.run_coroutine_threadsafe(self.core.link.metrics_text(), loop).result(timeout=5.0)
+        except Exception:  # noqa: BLE001 (core restarting: the scrape shows this process's series)
+            return ""
+
+    def _loaded(self, model: HostedModel, seconds: float) -> None:
+        bundle, cfg = model.bundle, self.cfg
+        self.metrics.model_loaded(bundle.name, bundle.version, cfg.variant, model.provider, cfg.max_queue_size)
+        log.info("loaded %s v%d (%s -> %s) on %s", bundle.name, bundle.version, bundle.source_language,
+                 bundle.target_language, model.provider,
+                 extra={"event": "model_loaded", "model": bundle.name, "version": bundle.version,
+                        "variant": cfg.variant, "provider": model.provider, "source_language": bundle.source_language,
+                        "target_language": bundle.target_language, "load_s": round(seconds, 3),
+                        "engine_core": cfg.engine_core})
 
     # -- watchdog -----------------------------------------------------------------------
     def _engine_problem(self, now: float) -> Optional[str]:
-        for name, model in self.models.items():
-            loop = model.loop
-            if not loop.is_alive():
-                return f"the engine loop of {name} has died"
-            if not model.scheduler.idle and now - loop.heartbeat > self.cfg.watchdog_s:
-                return f"the engine loop of {name} made no progress for {now - loop.heartbeat:.1f} s with work waiting"
+        for model in self.models.values():
+            problem = model.engine_problem(now, self.cfg.watchdog_s)
+            if problem:
+                return problem
         return None
 
     async def _watch(self) -> None:
@@ -167,7 +215,10 @@ class TranslationServer:
                  extra={"event": "draining", "grace_period_s": grace, "in_flight": self._in_flight()})
         self.service.accepting = False
         loop = asyncio.get_running_loop()
-        await asyncio.gather(*(loop.run_in_executor(None, m.stop, grace) for m in self.models.values()))
+        if self.core is not None:
+            await self.core.stop(grace)
+        else:
+            await asyncio.gather(*(loop.run_in_executor(None, m.stop, grace) for m in self.models.values()))
         await self.server.stop(1.0)
         if self.http is not None:
             await self.http.stop()
@@ -181,6 +232,8 @@ class TranslationServer:
 
     def _in_flight(self) -> int:
         """Texts queued or decoding, all models together."""
+        if self.core is not None:
+            return len(self.core.link.jobs)
         return sum(len(m.scheduler.waiting) + len(m.scheduler.running) for m in self.models.values())
 
     async def wait(self) -> None:

@@ -91,6 +91,10 @@ HELP = {
                                       "is sent GOAWAY (too_many_pings); >= 0",
     "keepalive_permit_without_calls": "accept keepalive pings on connections with no call running (true/false)",
     "workers": "threads that validate and tokenise requests off the event loop; >= 1",
+    "engine_core": "where the engine (ONNX Runtime, slot cache, scheduler, decode loop) runs: thread (in this "
+                   "process, beside the gRPC/HTTP frontend) or process (a core process of its own: a crash or a "
+                   "stuck loop there fails the calls in flight UNAVAILABLE and the core restarts while the "
+                   "ports stay up; docs/architecture.md)",
     "watchdog_s": "no engine progress for this long with work waiting: NOT_SERVING, requests fail with "
                   "UNAVAILABLE, exit status 3; > 0",
     "warmup": "translate once per model before reporting SERVING (true/false)",
@@ -157,6 +161,7 @@ class ServerConfig:
     keepalive_min_ping_interval_ms: int = 10_000  # the client library pings every 30 s by default
     keepalive_permit_without_calls: bool = True
     workers: int = 4  # threads for the handlers' blocking work (validation, tokenisation), off the event loop
+    engine_core: str = "thread"  # thread | process (server/enginecore/)
     watchdog_s: float = 30.0  # no engine step for this long with work waiting: NOT_SERVING, fail requests, exit 3
     warmup: bool = True
     runaway_guard: bool = True
@@ -217,6 +222,8 @@ class ServerConfig:
         if self.max_sentences_per_request < self.max_texts_per_request:
             out.append(f"--max-sentences-per-request {self.max_sentences_per_request} is below "
                        f"--max-texts-per-request {self.max_texts_per_request}")
+        if self.engine_core not in ("thread", "process"):
+            out.append(f"--engine-core must be thread or process (got {self.engine_core!r})")
         if self.runaway_min_span < 2 or not self.runaway_length_ratio > 0:
             out.append("--runaway-min-span must be >= 2 and --runaway-length-ratio > 0")
         if self.max_batch_tokens < self.max_source_tokens:

@@ -29,12 +29,24 @@ from server.scheduler import Scheduler
 
 
 class HostedModel:
-    def __init__(self, bundle: Bundle, cfg: ServerConfig, metrics: Metrics):
+    def __init__(self, bundle: Bundle, cfg: ServerConfig, metrics: Metrics, engine: bool = True):
         self.bundle, self.cfg, self.name = bundle, cfg, bundle.name
         self.tok = load_tokenizer(bundle.tokenizer_entry, bundle.path)
         # Planning measures each sentence in tokens, then the jobs tokenise it: once is enough.
         # (The ids are never mutated: callers build new lists around them.)
         self._encode = functools.lru_cache(maxsize=8192)(self.tok.encode)
+        spec = bundle.spec
+        self.max_source = min(cfg.max_source_tokens, spec.max_positions)
+        self.max_output = min(cfg.max_output_tokens, spec.max_positions - 1)
+        self.capacity, self.provider = cfg.max_batch_size, ""
+        self.m = metrics.for_model(self.name)
+        # With the engine in a core process (--engine-core process) this process only builds and checks
+        # requests: the core's link queues them (server/enginecore/link.py). Else the engine is here.
+        self.link = None
+        if engine:
+            self._build_engine(bundle, cfg, metrics)
+
+    def _build_engine(self, bundle: Bundle, cfg: ServerConfig, metrics: Metrics) -> None:
         keep_freed_memory()
         self.runtime = OnnxModel(bundle, RuntimeOptions(variant=cfg.variant, provider=cfg.provider, decoder=cfg.decoder,
                                                         intra_op_threads=cfg.intra_op_threads,
@@ -42,9 +54,9 @@ class HostedModel:
                                                         shared_pool=cfg.ort_spinning,
                                                         allow_spinning=cfg.ort_spinning))
         spec = bundle.spec
-        self.max_source = min(cfg.max_source_tokens, spec.max_positions)
-        self.max_output = min(cfg.max_output_tokens, spec.max_positions - 1)
+        self.provider = self.runtime.providers[0]
         self.cache = SlotCache(spec, cfg.max_batch_size, self.max_source, self.max_output + 1)
+        self.capacity = self.cache.capacity
         generation = bundle.config.get("generation", {})
         rules = GenerationRules(spec.eos_id, spec.suppress_ids, bool(generation.get("force_eos_at_limit", False)),
                                 bool(generation.get("renormalize", False)),
@@ -59,6 +71,23 @@ class HostedModel:
         self.loop = EngineLoop(self.scheduler, self.engine, cfg.max_queue_delay_ms / 1000.0)
         for gauge in (metrics.running, metrics.waiting, metrics.kv_usage):
             gauge.labels(self.name).set(0)
+
+    async def submit(self, jobs: list) -> None:
+        """Queue a request's jobs, all or none (a ServiceError otherwise): into this process's scheduler,
+        or through the link into the engine core's."""
+        if self.link is None:
+            self.scheduler.submit(jobs)
+        else:
+            await self.link.submit(self.name, jobs)
+
+    def engine_problem(self, now: float, stuck_after: float) -> Optional[str]:
+        """Why this model's engine loop cannot be trusted any more (dead, or no progress with work
+        waiting for `stuck_after` seconds), or None."""
+        if not self.loop.is_alive():
+            return f"the engine loop of {self.name} has died"
+        if not self.scheduler.idle and now - self.loop.heartbeat > stuck_after:
+            return f"the engine loop of {self.name} made no progress for {now - self.loop.heartbeat:.1f} s with work waiting"
+        return None
 
     def start(self) -> None:
         self.loop.start()
@@ -142,7 +171,7 @@ class HostedModel:
     @property
     def metrics(self):
         """This model's series of the server's metrics (server/metrics.py ModelMetrics)."""
-        return self.scheduler.m
+        return self.m
 
     def param_problems(self, p: DecodingParams) -> list[str]:
         """Every problem of the decoding options against this model and the server's limits."""
@@ -155,8 +184,8 @@ class HostedModel:
             problems.append(f"num_hypotheses {p.num_hypotheses} needs beam_size >= it, or sampling")
         if p.num_hypotheses > self.cfg.max_hypotheses:
             problems.append(f"num_hypotheses {p.num_hypotheses} exceeds the limit {self.cfg.max_hypotheses}")
-        if p.rows > self.cache.capacity:
-            problems.append(f"the request needs {p.rows} decode slots; the server has {self.cache.capacity}")
+        if p.rows > self.capacity:
+            problems.append(f"the request needs {p.rows} decode slots; the server has {self.capacity}")
         # Range checks written as `lo <= x <= hi` are False for NaN, so NaN and +-inf fail them all.
         for name, value, lo, hi in (("temperature", p.temperature, 0.0, 100.0), ("top_p", p.top_p, 0.0, 1.0),
                                     ("length_penalty", p.length_penalty, 0.0, 10.0)):
@@ -218,7 +247,7 @@ class HostedModel:
                 "source_language": self.bundle.source_language, "target_language": self.bundle.target_language,
                 "max_source_tokens": self.max_source, "max_output_tokens": self.max_output,
                 "max_texts_per_request": self.cfg.max_texts_per_request, "max_beam_size": self.cfg.max_beam_size,
-                "variant": self.cfg.variant, "provider": self.runtime.providers[0],
+                "variant": self.cfg.variant, "provider": self.provider,
                 "vocab_size": spec.out_vocab_size, "embedding_dimension": spec.d_model,
                 "language_pairs": [{"source_language": s, "target_language": t}
                                    for s, t in self.bundle.languages.pairs]}

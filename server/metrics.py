@@ -13,6 +13,7 @@ import numpy as np
 from prometheus_client import (CollectorRegistry, Counter, Gauge, GCCollector, Histogram, PlatformCollector,
                                ProcessCollector, start_http_server)
 from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
 STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.0)
@@ -24,40 +25,45 @@ SENTENCE_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
 class Metrics:
-    def __init__(self) -> None:
+    """`engine_here`: False in a frontend whose engine runs in the core process (server/enginecore/): the
+    engine's series (ENGINE) are then the core's, read from it at each scrape (`add_core`), and this
+    process's copies of them stay unexported."""
+
+    def __init__(self, engine_here: bool = True) -> None:
         r = self.registry = CollectorRegistry()
+        e = r if engine_here else CollectorRegistry()  # the engine's series: exported here, or the core's
         self.requests = Counter("nmt_requests_total", "Finished RPCs by method and gRPC status code.",
                                 ["rpc", "code"], registry=r)
         self.request_latency = Histogram("nmt_request_duration_seconds", "End-to-end RPC latency.",
                                          ["rpc"], buckets=LATENCY_BUCKETS, registry=r)
         self.queue_time = Histogram("nmt_queue_duration_seconds", "Time from arrival to the encoder pass.",
-                                    ["model"], buckets=LATENCY_BUCKETS, registry=r)
+                                    ["model"], buckets=LATENCY_BUCKETS, registry=e)
         self.ttft = Histogram("nmt_time_to_first_token_seconds", "Time from arrival to the first generated token.",
-                              ["model"], buckets=LATENCY_BUCKETS, registry=r)
+                              ["model"], buckets=LATENCY_BUCKETS, registry=e)
         self.inter_token = BatchHistogram("nmt_inter_token_seconds", "Time between consecutive tokens of a sequence.",
-                                          "model", STEP_BUCKETS, registry=r)
+                                          "model", STEP_BUCKETS, registry=e)
         self.e2e = Histogram("nmt_sequence_duration_seconds", "Time from arrival to the last token of a text.",
-                             ["model"], buckets=LATENCY_BUCKETS, registry=r)
-        self.input_tokens = Counter("nmt_input_tokens_total", "Source tokens accepted.", ["model"], registry=r)
-        self.output_tokens = Counter("nmt_output_tokens_total", "Target tokens generated.", ["model"], registry=r)
+                             ["model"], buckets=LATENCY_BUCKETS, registry=e)
+        self.input_tokens = Counter("nmt_input_tokens_total", "Source tokens accepted.", ["model"], registry=e)
+        self.output_tokens = Counter("nmt_output_tokens_total", "Target tokens generated.", ["model"], registry=e)
         self.output_length = Histogram("nmt_output_length_tokens", "Generated tokens per text.", ["model"],
-                                       buckets=TOKEN_BUCKETS, registry=r)
-        self.running = Gauge("nmt_running_requests", "Texts being decoded.", ["model"], registry=r)
-        self.waiting = Gauge("nmt_waiting_requests", "Texts waiting for a slot.", ["model"], registry=r)
-        self.kv_usage = Gauge("nmt_kv_cache_usage_ratio", "Fraction of KV cache slots in use.", ["model"], registry=r)
+                                       buckets=TOKEN_BUCKETS, registry=e)
+        self.running = Gauge("nmt_running_requests", "Texts being decoded.", ["model"], registry=e)
+        self.waiting = Gauge("nmt_waiting_requests", "Texts waiting for a slot.", ["model"], registry=e)
+        self.kv_usage = Gauge("nmt_kv_cache_usage_ratio", "Fraction of KV cache slots in use.", ["model"], registry=e)
         self.decode_batch = Histogram("nmt_decode_batch_size", "Rows in a decode step.", ["model"],
-                                      buckets=BATCH_BUCKETS, registry=r)
+                                      buckets=BATCH_BUCKETS, registry=e)
         self.encode_batch = Histogram("nmt_encode_batch_size", "Texts in an encoder pass.", ["model"],
-                                      buckets=BATCH_BUCKETS, registry=r)
+                                      buckets=BATCH_BUCKETS, registry=e)
         self.padding = Histogram("nmt_encode_padding_ratio", "Padding share of an encoder batch.", ["model"],
-                                 buckets=RATIO_BUCKETS, registry=r)
+                                 buckets=RATIO_BUCKETS, registry=e)
         self.encode_time = Histogram("nmt_encode_duration_seconds", "Encoder pass duration.", ["model"],
-                                     buckets=STEP_BUCKETS, registry=r)
+                                     buckets=STEP_BUCKETS, registry=e)
         self.step_time = Histogram("nmt_decode_step_duration_seconds", "Decoder step duration (all rows).",
-                                   ["model"], buckets=STEP_BUCKETS, registry=r)
+                                   ["model"], buckets=STEP_BUCKETS, registry=e)
         self.guarded_rows = Counter("nmt_runaway_stopped_total",
                                     "Decodes stopped by the runaway guard (looping or outgrowing the source).",
-                                    ["model"], registry=r)
+                                    ["model"], registry=e)
         self.document_sentences = Histogram("nmt_request_sentences", "Sentences decoded per Translate/TranslateStream "
                                             "request (all its texts).", ["model"], buckets=SENTENCE_BUCKETS,
                                             registry=r)
@@ -95,9 +101,18 @@ class Metrics:
         self.build_info.labels(**self.build).set(1)
         self.model_info = Gauge("nmt_model_info", "A served model: name, bundle version, graph variant, execution "
                                 "provider, as labels (1).", ["model", "version", "variant", "provider"], registry=r)
+        self.core_restarts = Counter("nmt_engine_core_restarts", "Restarts of the engine core process after "
+                                     "it exited unasked (--engine-core process): its calls in flight failed "
+                                     "UNAVAILABLE.", registry=r)
+        self.engine_registry = e
         self.queue_capacity = Gauge("nmt_queue_capacity", "Sentences the waiting queue holds per model "
                                     "(--max-queue-size): nmt_waiting_requests / this is the queue's fill.",
                                     ["model"], registry=r)
+
+    def add_core(self, fetch) -> None:
+        """Export the engine's series from the core process: `fetch()` returns its registry's exposition."""
+        names = {family.name for family in self.engine_registry.collect()}
+        self.registry.register(_CoreSeries(fetch, names))
 
     def model_loaded(self, model: str, version: int, variant: str, provider: str, queue_capacity: int) -> None:
         self.model_info.labels(model, str(version), variant, provider).set(1)
@@ -126,6 +141,19 @@ def build_versions() -> tuple[str, str, str, str]:
     except metadata.PackageNotFoundError:  # run from a checkout that was never installed
         version = "unknown"
     return version, platform.python_version(), module_version("onnxruntime"), module_version("grpc")
+
+
+class _CoreSeries:
+    """The engine core's families named in `names`, parsed from its exposition at each collect."""
+
+    def __init__(self, fetch, names: set[str]):
+        self.fetch, self.names = fetch, names
+
+    def collect(self):
+        text = self.fetch()
+        for family in text_string_to_metric_families(text) if text else ():
+            if family.name in self.names:
+                yield family
 
 
 class BatchHistogram:

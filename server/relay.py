@@ -43,10 +43,7 @@ class EventRelay:
             if self._scheduled:
                 return  # a drain is already on its way and will take this item too
             self._scheduled = True
-        held = getattr(_thread, "held", None)
-        if held is not None:
-            held.add(self)  # woken by flush() at the end of the engine step
-        else:
+        if not defer_wake(self):
             self._wake()
 
     def sink(self, callback: Callable[[Any], None]) -> Callable[[Any], None]:
@@ -71,6 +68,17 @@ class EventRelay:
                 callback(value)
             except Exception:  # noqa: BLE001 (one broken consumer must not starve the others)
                 log.exception("event delivery failed")
+
+
+def defer_wake(target) -> bool:
+    """On a thread that holds wake-ups (the engine loop), remember `target` for `flush()` and return True;
+    elsewhere return False (wake it now). Anything with a `_wake()` method: this relay, or the engine
+    core's per-frontend outbox (server/enginecore/process.py)."""
+    held = getattr(_thread, "held", None)
+    if held is None:
+        return False
+    held.add(target)  # woken by flush() at the end of the engine step
+    return True
 
 
 def hold_wakeups() -> None:

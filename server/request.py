@@ -136,9 +136,13 @@ class Job:
     # Tokens the translation must start with (a target prefix): forced after `forced`, and part of
     # the output (returned, streamed); max_len counts them on top of the request's budget.
     prefix: tuple[int, ...] = ()
+    # Called by cancel() when the job lives in another process's scheduler (the engine core's link).
+    on_cancel: Optional[Callable[["Job"], None]] = None
 
     def cancel(self) -> None:
         self.cancelled = True
+        if self.on_cancel is not None:
+            self.on_cancel(self)
 
     def expired(self, now: float) -> bool:
         return self.deadline is not None and now >= self.deadline
@@ -155,9 +159,12 @@ class EmbedJob:
     timing: Timing = field(default_factory=Timing)
     cancelled: bool = False
     answered: bool = False  # as Job.answered
+    on_cancel: Optional[Callable[["EmbedJob"], None]] = None  # as Job.on_cancel
 
     def cancel(self) -> None:
         self.cancelled = True
+        if self.on_cancel is not None:
+            self.on_cancel(self)
 
     def expired(self, now: float) -> bool:
         return self.deadline is not None and now >= self.deadline

@@ -1,0 +1,193 @@
+"""A frontend's side of the engine core: queue jobs, cancel them, deliver their events.
+
+Runs on the frontend's asyncio loop (zmq.asyncio: the socket is only ever touched there). A job
+submitted here keeps its sink and its frontend-side `Job` object; the core gets a `JobSpec` and
+answers `Accepted` or `Refused` (queue full, shutting down: the same ServiceError kinds as the
+in-process scheduler raises, so admission and the status mapping do not know which side ran it).
+
+Each `Events` message is delivered in one go (every sink of a stream posts to the loop's relay,
+one wake-up for the lot), then `Taken` tells the core it may send the next: while this loop is
+busy the core merges what piles up, so a loaded frontend gets fewer, fuller messages.
+
+If the core dies, `lost()` fails every job in flight with UNAVAILABLE (retryable: nothing is
+silently dropped) and refuses new work until the supervisor has a new core Ready.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+from typing import Optional
+
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from server.enginecore import protocol as wire
+from server.errors import ServiceError, Unavailable
+from server.request import EmbedJob, ErrorEvent, FinishEvent, FinishReason, Hypothesis, Job, TokenEvent
+
+log = logging.getLogger("server.enginecore")
+
+
+def error_of(code: str, message: str) -> ServiceError:
+    """A core's error code back as the ServiceError kind that carries it (server/errors.py)."""
+    kind = next((k for k in ServiceError.__subclasses__() if k.code == code), ServiceError)
+    return kind(message)
+
+
+class CoreLink:
+    def __init__(self, address: str):
+        self.address = address
+        self.ctx = zmq.asyncio.Context()
+        self.sock: Optional[zmq.asyncio.Socket] = None
+        self.jobs: dict[int, Job | EmbedJob] = {}  # in the core, until their terminal event
+        self.waiting: dict[int, asyncio.Future] = {}  # submit / metrics tickets awaiting an answer
+        self.submitting: dict[int, list] = {}  # ticket -> its jobs, until Accepted or Refused
+        self._tickets = itertools.count(1)
+        self.ready: Optional[asyncio.Future] = None
+        self.up = False  # a core is Ready and has not been lost since
+        self._receiver: Optional[asyncio.Task] = None
+
+    # -- connection ------------------------------------------------------------------------
+    async def connect(self) -> wire.Ready:
+        """(Re)connect to the core at `address` and wait for its Ready (it binds once its models are warm)."""
+        self._close_socket()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(self.address)
+        self.ready = asyncio.get_running_loop().create_future()
+        self._receiver = asyncio.create_task(self._receive(self.sock), name="core-link")
+        await self.sock.send(wire.encode(wire.Hello()))
+        ready = await self.ready
+        self.up = True
+        return ready
+
+    def _close_socket(self) -> None:
+        if self._receiver is not None:
+            self._receiver.cancel()
+            self._receiver = None
+        if self.sock is not None:
+            self.sock.close(0)
+            self.sock = None
+
+    def lost(self, error: Exception) -> int:
+        """The core is gone: fail every job and ticket in flight with `error`; returns the jobs failed."""
+        self.up = False
+        self._close_socket()
+        for pending in self.submitting.values():  # their submit() raises `error`: no event for them too
+            for job in pending:
+                self.jobs.pop(job.id, None)
+        jobs, self.jobs = list(self.jobs.values()), {}
+        for job in jobs:
+            job.answered = True
+            job.sink(error if isinstance(job, EmbedJob) else ErrorEvent(error))
+        waiting, self.waiting = list(self.waiting.values()), {}
+        for future in waiting:
+            if not future.done():
+                future.set_exception(error)
+        if self.ready is not None and not self.ready.done():
+            self.ready.set_exception(error)
+        return len(jobs)
+
+    def close(self) -> None:
+        self._close_socket()
+        self.ctx.term()
+
+    # -- requests --------------------------------------------------------------------------
+    async def submit(self, model: str, jobs: list[Job | EmbedJob]) -> None:
+        """Queue `jobs` in the core, all or none; raises the core's ServiceError if it refuses them."""
+        if not self.up:
+            raise Unavailable("the engine core is restarting; retry")
+        specs = [self._spec(job) for job in jobs]
+        ticket = next(self._tickets)
+        future = self.waiting[ticket] = asyncio.get_running_loop().create_future()
+        # Registered before the answer: the core's first Events for them may be read before this
+        # coroutine resumes after Accepted.
+        for job in jobs:
+            self.jobs[job.id] = job
+            job.on_cancel = self._cancel
+        self.submitting[ticket] = jobs
+        try:
+            await self.sock.send(wire.encode(wire.Submit(ticket, model, specs)))
+            await future
+        except BaseException:
+            for job in jobs:
+                self.jobs.pop(job.id, None)
+            raise
+        finally:
+            self.submitting.pop(ticket, None)
+
+    @staticmethod
+    def _spec(job: Job | EmbedJob) -> wire.JobSpec:
+        if isinstance(job, EmbedJob):
+            return wire.JobSpec(job.id, "embed", job.model, job.src_ids, job.timing.arrival, job.deadline)
+        return wire.JobSpec(job.id, "translate", job.model, job.src_ids, job.timing.arrival, job.deadline,
+                            wire.params_out(job.params), job.max_len, job.scores, job.stream, job.forced, job.prefix)
+
+    def _cancel(self, job: Job | EmbedJob) -> None:
+        if self.up and job.id in self.jobs and self.sock is not None:
+            self.sock.send(wire.encode(wire.Cancel([job.id])))
+
+    async def metrics_text(self) -> str:
+        """The core registry's exposition ('' when no core is up)."""
+        if not self.up:
+            return ""
+        ticket = next(self._tickets)
+        future = self.waiting[ticket] = asyncio.get_running_loop().create_future()
+        await self.sock.send(wire.encode(wire.AskMetrics(ticket)))
+        return await future
+
+    async def stop(self, grace: float) -> None:
+        """Ask the core to drain (refuse new work, finish within `grace`, fail the rest) and exit."""
+        if self.up and self.sock is not None:
+            await self.sock.send(wire.encode(wire.Stop(grace)))
+
+    # -- answers -----------------------------------------------------------------------------
+    async def _receive(self, sock: zmq.asyncio.Socket) -> None:
+        while True:
+            msg = wire.to_frontend(await sock.recv(copy=True))
+            if isinstance(msg, wire.Events):
+                self._deliver(msg.items)
+                await sock.send(wire.encode(wire.Taken()))
+            elif isinstance(msg, wire.Ready):
+                if self.ready is not None and not self.ready.done():
+                    self.ready.set_result(msg)
+            else:
+                future = self.waiting.pop(msg.ticket, None)
+                if future is None or future.done():
+                    continue
+                if isinstance(msg, wire.Refused):
+                    future.set_exception(error_of(msg.code, msg.message))
+                else:
+                    future.set_result(msg.text if isinstance(msg, wire.MetricsText) else None)
+
+    def _deliver(self, items: list[wire.Event]) -> None:
+        jobs = self.jobs
+        for item in items:
+            if isinstance(item, wire.Tokens):
+                job = jobs.get(item.id)
+                if job is not None:
+                    job.sink(TokenEvent(item.token_ids))
+                continue
+            job = jobs.pop(item.id, None)
+            if job is None:  # failed here already (core lost) or unknown
+                continue
+            job.answered = True
+            if isinstance(item, wire.Finished):
+                t = job.timing
+                t.scheduled, t.first_token, t.finished, t.last_token = item.timing
+                hyps = [Hypothesis(tokens, score, eos) for tokens, score, eos in item.hypotheses]
+                job.sink(FinishEvent(hyps, FinishReason(item.reason), item.input_tokens, t))
+            elif isinstance(item, wire.Embedded):
+                job.timing.finished = time.monotonic()
+                job.sink(np.frombuffer(item.vector, dtype=np.float32))
+            else:
+                error = error_of(item.code, item.message)
+                job.sink(error if isinstance(job, EmbedJob) else ErrorEvent(error))
+
+
+def socket_address(directory: str) -> str:
+    return f"ipc://{os.path.join(directory, 'core.sock')}"

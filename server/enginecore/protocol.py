@@ -1,0 +1,158 @@
+"""The messages between a frontend and the engine core process: msgspec Structs over ZeroMQ.
+
+Plain data only (no protobuf, no grpc): the frontend sends the jobs its admission step built and
+the cancellations of its callers; the core sends, once per engine step, one `Events` message
+carrying every new token, result and error of that frontend's jobs. Why msgspec's MessagePack:
+typed structs decoded without a Python object per field of an intermediate dict, ~1 us per job
+spec either way, and a tagged union so each frame names its own kind.
+"""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import msgspec
+
+from server.request import DecodingParams
+
+
+class Params(msgspec.Struct, array_like=True, frozen=True):
+    """DecodingParams on the wire (the same fields, in order)."""
+    beam_size: int
+    length_penalty: float
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: Optional[int]
+    max_output_tokens: int
+    num_hypotheses: int
+    repetition_penalty: float
+    no_repeat_ngram_size: int
+    min_output_tokens: int
+    no_unknown_token: bool
+    target_prefix: str
+    alternatives: int
+
+
+PARAM_FIELDS = Params.__struct_fields__
+
+
+def params_out(p: DecodingParams) -> Params:
+    return Params(*(getattr(p, name) for name in PARAM_FIELDS))
+
+
+def params_in(p: Params) -> DecodingParams:
+    return DecodingParams(*(getattr(p, name) for name in PARAM_FIELDS))
+
+
+class JobSpec(msgspec.Struct, array_like=True):
+    """A Job (or, with kind "embed", an EmbedJob) without its sink: the core builds its own."""
+    id: int
+    kind: str  # "translate" | "embed"
+    model: str
+    src_ids: list[int]
+    arrival: float  # time.monotonic() (one clock for every process of the host)
+    deadline: Optional[float] = None
+    params: Optional[Params] = None
+    max_len: int = 0
+    scores: bool = False
+    stream: bool = False
+    forced: tuple[int, ...] = ()
+    prefix: tuple[int, ...] = ()
+
+
+# -- frontend -> core ---------------------------------------------------------------
+class Hello(msgspec.Struct, tag=True, array_like=True):
+    """A frontend's first message (a ROUTER learns a peer's address from what it sends); answered by
+    Ready once the core has loaded and warmed its models."""
+
+
+class Submit(msgspec.Struct, tag=True, array_like=True):
+    """Queue these jobs atomically (all of a request, or none); answered by Accepted or Refused."""
+    ticket: int
+    model: str
+    jobs: list[JobSpec]
+
+
+class Cancel(msgspec.Struct, tag=True, array_like=True):
+    ids: list[int]
+
+
+class Taken(msgspec.Struct, tag=True, array_like=True):
+    """The frontend has delivered the last Events message: the core may send the next one."""
+
+
+class AskMetrics(msgspec.Struct, tag=True, array_like=True):
+    ticket: int
+
+
+class Stop(msgspec.Struct, tag=True, array_like=True):
+    """Refuse new work, finish what runs within `grace` seconds, fail the rest, then exit."""
+    grace: float
+
+
+# -- core -> frontend ---------------------------------------------------------------
+class ModelFacts(msgspec.Struct, array_like=True):
+    name: str
+    provider: str
+    capacity: int  # decode slots
+
+
+class Ready(msgspec.Struct, tag=True, array_like=True):
+    models: list[ModelFacts]
+    pid: int
+
+
+class Accepted(msgspec.Struct, tag=True, array_like=True):
+    ticket: int
+
+
+class Refused(msgspec.Struct, tag=True, array_like=True):
+    ticket: int
+    code: str  # a ServiceError kind's code (server/errors.py)
+    message: str
+
+
+class Tokens(msgspec.Struct, tag=True, array_like=True):
+    id: int
+    token_ids: list[int]
+
+
+class Finished(msgspec.Struct, tag=True, array_like=True):
+    id: int
+    hypotheses: list[tuple[list[int], float, bool]]  # (tokens, score, finished_by_eos)
+    reason: str  # FinishReason value
+    input_tokens: int
+    timing: tuple[Optional[float], Optional[float], Optional[float], Optional[float]]  # scheduled, first, finished, last
+
+
+class Failed(msgspec.Struct, tag=True, array_like=True):
+    id: int
+    code: str
+    message: str
+
+
+class Embedded(msgspec.Struct, tag=True, array_like=True):
+    id: int
+    vector: bytes  # float32, native byte order (both ends are one host)
+
+
+Event = Union[Tokens, Finished, Failed, Embedded]
+
+
+class Events(msgspec.Struct, tag=True, array_like=True):
+    """Everything that happened to one frontend's jobs since its previous Events message, in order;
+    consecutive Tokens of one job are merged (the frontend was behind: one message, not several)."""
+    items: list[Event]
+
+
+class MetricsText(msgspec.Struct, tag=True, array_like=True):
+    ticket: int
+    text: str  # the core registry's Prometheus exposition
+
+
+ToCore = Union[Hello, Submit, Cancel, Taken, AskMetrics, Stop]
+ToFrontend = Union[Ready, Accepted, Refused, Events, MetricsText]
+
+encode = msgspec.msgpack.Encoder().encode
+to_core = msgspec.msgpack.Decoder(ToCore).decode
+to_frontend = msgspec.msgpack.Decoder(ToFrontend).decode

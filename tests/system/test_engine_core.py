@@ -1,0 +1,216 @@
+"""The engine core in its own process (--engine-core process, server/enginecore/): the same tokens as
+the in-process engine on every path, cancellation and deadlines reaching the core, metrics read
+from it, a core killed under load (every call answered UNAVAILABLE, the core restarted, the same
+outputs after), SIGTERM's drain across the split, and no core left behind by a dead frontend.
+
+Where a test needs work to be in flight at a given moment it stops the core with SIGSTOP (the
+process is frozen, nothing it holds can finish) rather than hoping a decode is still running."""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import signal
+import time
+
+import grpc
+import pytest
+
+from benchmarks.harness import descendants, free_port
+from client.client import TranslatorClient
+from tests.serving import ServerThread, flickr_sentences, start_subprocess, wait_for, wait_process_serving
+
+MODEL = "multi30k-en-de-small"
+# ~uniform sampling, and EOS banned until the budget: the request surely runs 250 steps
+LONG = dict(max_output_tokens=250, min_output_tokens=250, temperature=5.0, seed=1)
+
+
+@pytest.fixture(scope="module")
+def core_server():
+    srv = ServerThread(engine_core="process", runaway_guard=False).start()
+    with TranslatorClient(srv.target, timeout=120, retries=0) as client:
+        yield srv, client
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def thread_server():
+    srv = ServerThread(runaway_guard=False).start()
+    with TranslatorClient(srv.target, timeout=120, retries=0) as client:
+        yield srv, client
+    srv.stop()
+
+
+def core_pid(srv: ServerThread) -> int:
+    return srv.app.core.pid
+
+
+def status_of(call) -> grpc.StatusCode:
+    try:
+        call()
+    except grpc.RpcError as e:
+        return e.code()
+    return grpc.StatusCode.OK
+
+
+def drain_stream(stream) -> tuple[grpc.StatusCode, list]:
+    messages = []
+    try:
+        for m in stream:
+            messages.append(m)
+    except grpc.RpcError as e:
+        return e.code(), messages
+    return grpc.StatusCode.OK, messages
+
+
+@pytest.mark.parametrize("decoding", [{}, {"beam_size": 4}, {"temperature": 0.8, "seed": 7, "top_k": 20}],
+                         ids=["greedy", "beam4", "sampling"])
+def test_same_tokens_as_the_engine_in_process(core_server, thread_server, decoding):
+    texts = flickr_sentences(128)
+
+    def run(client) -> list:
+        return [t for i in range(0, len(texts), 64) for t in
+                client.translate(texts[i:i + 64], return_tokens=True, return_scores=True, **decoding).translations]
+    got, want = run(core_server[1]), run(thread_server[1])
+    assert [list(t.hypotheses[0].token_ids) for t in got] == [list(t.hypotheses[0].token_ids) for t in want]
+    assert [t.hypotheses[0].score for t in got] == pytest.approx([t.hypotheses[0].score for t in want], abs=1e-6)
+    assert [(t.finish_reason, t.input_tokens, t.output_tokens) for t in got] == \
+        [(t.finish_reason, t.input_tokens, t.output_tokens) for t in want]
+
+
+def test_streams_equal_unary_and_embeddings_match(core_server, thread_server):
+    _, client = core_server
+    texts = flickr_sentences(24)
+    unary = [t.hypotheses[0].text for t in client.translate(texts).translations]
+    with cf.ThreadPoolExecutor(8) as pool:  # concurrent streams share the core's steps
+        streams = list(pool.map(lambda t: list(client.translate_stream(t)), texts))
+    assert ["".join(m.delta for m in s) for s in streams] == unary
+    assert all(s[-1].final and s[-1].output_tokens == sum(len(m.token_ids) for m in s) for s in streams)
+    got = client.embed(texts[:4], normalize=True).embeddings
+    want = thread_server[1].embed(texts[:4], normalize=True).embeddings
+    for a, b in zip(got, want):
+        assert list(a.values) == pytest.approx(list(b.values), abs=1e-6)
+
+
+def test_bad_requests_are_refused_by_the_frontend_as_before(core_server):
+    _, client = core_server
+    assert status_of(lambda: client.translate(["a"], beam_size=99)) == grpc.StatusCode.INVALID_ARGUMENT
+    assert status_of(lambda: client.translate(["a"], model="nope")) == grpc.StatusCode.NOT_FOUND
+    assert client.translate(["A dog."]).translations[0].hypotheses[0].text
+
+
+def test_core_metrics_are_exported_by_the_frontend(core_server):
+    srv, client = core_server
+    before = srv.metric("nmt_output_tokens_total", missing_ok=True, model=MODEL)
+    out = client.translate(["A man rides a bike."], model=MODEL)
+    produced = out.translations[0].output_tokens
+    # The engine's series come from the core process at each scrape; the frontend's own from here.
+    assert srv.settled_metric("nmt_output_tokens_total", before + produced, model=MODEL) == before + produced
+    assert srv.metric("nmt_decode_step_duration_seconds_count", model=MODEL) > 0
+    assert srv.metric("nmt_requests_total", rpc="Translate", code="OK") >= 1
+    assert srv.metric("nmt_engine_core_restarts_total") >= 0
+    text = srv.metrics_text()
+    for family in ("nmt_running_requests", "nmt_kv_cache_usage_ratio", "nmt_inter_token_seconds"):
+        assert text.count(f"# TYPE {family} ") == 1, family  # the core's, once (not also a zero copy here)
+
+
+def test_cancel_reaches_the_core(core_server):
+    srv, client = core_server
+    srv.wait_idle()
+    before = srv.metric("nmt_output_tokens_total", missing_ok=True, model=MODEL)
+    stream = client.translate_stream("A dog runs on the beach.", **LONG)
+    next(iter(stream))  # decoding in the core
+    os.kill(core_pid(srv), signal.SIGSTOP)  # frozen: it cannot finish the 250 tokens meanwhile
+    try:
+        stream.cancel()
+        assert drain_stream(stream)[0] == grpc.StatusCode.CANCELLED
+    finally:
+        os.kill(core_pid(srv), signal.SIGCONT)
+    srv.wait_idle()  # the core dropped the job: slot free, nothing counted as produced
+    assert srv.metric("nmt_kv_cache_usage_ratio") == 0
+    assert srv.metric("nmt_output_tokens_total", missing_ok=True, model=MODEL) == before
+
+
+def test_deadline_reaches_the_core(core_server):
+    srv, client = core_server
+    srv.wait_idle()
+    before = srv.metric("nmt_output_tokens_total", missing_ok=True, model=MODEL)
+    stream = client.translate_stream("A dog runs on the beach.", timeout=1.5, **LONG)
+    next(iter(stream))
+    os.kill(core_pid(srv), signal.SIGSTOP)
+    try:
+        assert drain_stream(stream)[0] == grpc.StatusCode.DEADLINE_EXCEEDED  # the frozen core cannot finish
+    finally:
+        os.kill(core_pid(srv), signal.SIGCONT)
+    srv.wait_idle()
+    assert srv.metric("nmt_output_tokens_total", missing_ok=True, model=MODEL) == before
+
+
+def test_a_killed_core_fails_calls_unavailable_and_comes_back(start_server):
+    srv = start_server(engine_core="process", runaway_guard=False)
+    texts = flickr_sentences(16)
+    with TranslatorClient(srv.target, timeout=120, retries=0) as client:
+        before = [t.hypotheses[0].text for t in client.translate(texts).translations]
+        old = core_pid(srv)
+        streams = [client.translate_stream(t, **LONG) for t in texts[:8]]
+        for s in streams:
+            next(iter(s))  # each is decoding in the core
+        os.kill(old, signal.SIGSTOP)  # nothing finishes from here on
+        with cf.ThreadPoolExecutor(12) as pool:
+            ends = [pool.submit(drain_stream, s) for s in streams]
+            # Calls sent to the frozen core wait for its answer to their submission.
+            unary = [pool.submit(status_of, lambda: client.translate(texts[:2])) for _ in range(2)]
+            assert wait_for(lambda: len(srv.app.core.link.waiting) == 2)
+            os.kill(old, signal.SIGKILL)
+            codes = [f.result(60)[0] for f in ends] + [f.result(60) for f in unary]
+        assert codes == [grpc.StatusCode.UNAVAILABLE] * 10, codes  # every call answered, retryable
+        assert client.health("liveness") == "SERVING"  # the frontend never went down
+        t0 = time.monotonic()
+        assert wait_for(lambda: client.health() == "SERVING" and srv.app.core.pid != old, timeout=90)
+        print(f"SERVING again {time.monotonic() - t0:.2f} s after the kill was noticed")
+        assert srv.metric("nmt_engine_core_restarts_total") == 1
+        after = [t.hypotheses[0].text for t in client.translate(texts).translations]
+        assert after == before
+
+
+def test_sigterm_drains_through_the_core_and_leaves_no_process():
+    port, metrics_port = free_port(), free_port()
+    proc = start_subprocess(port, metrics_port, "--engine-core", "process", "--runaway-guard", "false",
+                            "--grace-period-s", "60")
+    try:
+        with TranslatorClient(f"127.0.0.1:{port}", timeout=120, retries=0) as client:
+            wait_process_serving(client, proc)
+            (core,) = descendants(proc.pid)
+            stream = client.translate_stream("A dog runs on the beach.", **LONG)
+            first = next(iter(stream))
+            proc.send_signal(signal.SIGTERM)
+            code, rest = drain_stream(stream)
+            assert code == grpc.StatusCode.OK
+            messages = [first, *rest]
+            assert messages[-1].final and messages[-1].output_tokens == 250
+        assert proc.wait(60) == 0
+        assert not os.path.exists(f"/proc/{core}") or "zombie" in open(f"/proc/{core}/status").read().lower()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_a_dead_frontend_takes_its_core_with_it():
+    port, metrics_port = free_port(), free_port()
+    proc = start_subprocess(port, metrics_port, "--engine-core", "process")
+    try:
+        with TranslatorClient(f"127.0.0.1:{port}", timeout=60, retries=0) as client:
+            wait_process_serving(client, proc)
+        (core,) = descendants(proc.pid)
+        proc.kill()
+        proc.wait(10)
+
+        def gone() -> bool:
+            try:
+                with open(f"/proc/{core}/status") as f:
+                    return "zombie" in f.read().lower()
+            except FileNotFoundError:
+                return True
+        assert wait_for(gone, timeout=30)  # the core notices its parent is gone within its poll period
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -13,6 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from models.core.bundle import discover
 from protos.nmt.v1 import translator_pb2 as pb
 from server.config import ServerConfig
+from server.enginecore.frontends import FrontendPool, frontend_count
 from server.enginecore.supervisor import CoreSupervisor
 from server.errors import Unavailable
 from server.admission import Admission, Limits
@@ -38,11 +39,14 @@ class ConfigError(ValueError):
 
 
 class TranslationServer:
-    def __init__(self, cfg: ServerConfig):
-        self.cfg = cfg
-        self.metrics = Metrics(engine_here=cfg.engine_core == "thread")
+    def __init__(self, cfg: ServerConfig, attach: str = ""):
+        """`attach`: the address of an engine core another process started (an extra frontend,
+        server/enginecore/frontend.py); this server then starts no core and exports no engine series."""
+        self.cfg, self.attach = cfg, attach
+        self.metrics = Metrics(engine_here=cfg.engine_core == "thread" and not attach)
         self.models: dict[str, HostedModel] = {}
         self.core: Optional[CoreSupervisor] = None  # --engine-core process: the engine core's supervisor
+        self.frontends: Optional[FrontendPool] = None  # --frontends N > 1: the other frontend processes
         self.server: Optional[grpc.aio.Server] = None
         self.health = Health(("", SERVICE_NAME))  # readiness names; the "liveness" entry stays up while draining
         self.port = 0
@@ -65,7 +69,7 @@ class TranslationServer:
         problems = cfg.problems()
         if problems:
             raise ConfigError("invalid settings: " + "; ".join(problems))
-        if cfg.engine_core == "process":
+        if cfg.engine_core == "process" or self.attach:
             await self._start_core()
         else:
             await self._load_models()
@@ -100,7 +104,15 @@ class TranslationServer:
             edge = Edge(Gateway(self.service, self.security.interceptor), self.admission, self.metrics,
                         cfg.max_request_bytes, cfg.http_body_timeout_s, self.security.keys)
             self.http = HttpFrontend(edge, self.health, cfg)
-            self.http_port = await self.http.start(cfg.http_host or cfg.host, cfg.http_port)
+            shared = bool(self.attach) or frontend_count(cfg.frontends) > 1  # several processes, one port
+            self.http_port = await self.http.start(cfg.http_host or cfg.host, cfg.http_port, reuse_port=shared)
+        count = frontend_count(cfg.frontends) if cfg.engine_core == "process" and not self.attach else 1
+        if count > 1:
+            self.frontends = FrontendPool(count, self.core.config_file, self.core.dir, self.core.link.address,
+                                          self.port, self.http_port if self.http else -1, self.metrics,
+                                          self.core.link.forget)
+            await self.frontends.start()
+            self.metrics.others = lambda: self._on_loop(self.frontends.metrics_texts, [])
         self.security.watch_reload_signal(asyncio.get_running_loop())  # SIGHUP: reload --api-keys-file
         await self.health.serving()
         log.info("serving %s on port %d (HTTP on %s, metrics on %s)", sorted(self.models), self.port,
@@ -127,10 +139,12 @@ class TranslationServer:
         """The engine core process loads and warms every model; this process keeps their tokenizers and
         request checks, and queues through the core's link (server/enginecore/)."""
         t0 = time.perf_counter()
-        self.core = CoreSupervisor(self.cfg, self.metrics, on_down=self.health.not_ready, on_up=self._core_back)
+        self.core = CoreSupervisor(self.cfg, self.metrics, on_down=self.health.not_ready, on_up=self._core_back,
+                                   attach=self.attach)
         ready = await self.core.start()
         facts = {f.name: f for f in ready.models}
-        self.metrics.add_core(self._core_metrics)
+        if not self.attach:  # the primary exports the core's series; an extra frontend only its own
+            self.metrics.add_core(lambda: self._on_loop(self.core.link.metrics_text, ""))
         for bundle in discover(self.cfg.model_repository):
             model = HostedModel(bundle, self.cfg, self.metrics, engine=False)
             model.link, model.provider, model.capacity = self.core.link, facts[bundle.name].provider, \
@@ -142,20 +156,21 @@ class TranslationServer:
         if not self._stopped.is_set():
             await self.health.serving()
 
-    def _core_metrics(self) -> str:
-        """The core's exposition, for a scrape on any thread but the loop's (the metrics port's thread)."""
+    def _on_loop(self, coroutine, default):
+        """Run `coroutine()` on the server's loop for a caller on another thread (the metrics port's),
+        e.g. to ask the core or the other frontends for their series; `default` if it cannot."""
         loop = self._loop
         if loop is None or loop.is_closed():
-            return ""
+            return default
         try:
             if asyncio.get_running_loop() is loop:
-                return ""  # a scrape on the loop itself cannot wait for the loop's own answer
+                return default  # a scrape on the loop itself cannot wait for the loop's own answer
         except RuntimeError:
             pass
         try:
-            return asyncio.run_coroutine_threadsafe(self.core.link.metrics_text(), loop).result(timeout=5.0)
-        except Exception:  # noqa: BLE001 (core restarting: the scrape shows this process's series)
-            return ""
+            return asyncio.run_coroutine_threadsafe(coroutine(), loop).result(timeout=5.0)
+        except Exception:  # noqa: BLE001 (a core restarting: the scrape shows what this process has)
+            return default
 
     def _loaded(self, model: HostedModel, seconds: float) -> None:
         bundle, cfg = model.bundle, self.cfg
@@ -204,6 +219,12 @@ class TranslationServer:
         grace = self.cfg.grace_period_s if grace is None else grace
         lame_duck = self.cfg.lame_duck_s if lame_duck is None else lame_duck
         await self.health.not_ready()
+        if self.core is not None and self.core.attached:
+            self.core.stopping = True  # the primary stops the core: its exit from here on is no loss
+        others = None
+        if self.frontends is not None:  # the same lame duck and drain in each, for its own calls
+            await self.frontends.begin_stop()
+            others = asyncio.create_task(self.frontends.stop(lame_duck + grace))
         if lame_duck > 0:
             log.info("lame duck: health NOT_SERVING, still serving for %.1f s", lame_duck,
                      extra={"event": "lame_duck", "lame_duck_s": lame_duck})
@@ -217,6 +238,8 @@ class TranslationServer:
         loop = asyncio.get_running_loop()
         if self.core is not None:
             await self.core.stop(grace)
+            if others is not None:
+                await others
         else:
             await asyncio.gather(*(loop.run_in_executor(None, m.stop, grace) for m in self.models.values()))
         await self.server.stop(1.0)

@@ -105,6 +105,11 @@ class Metrics:
                                      "it exited unasked (--engine-core process): its calls in flight failed "
                                      "UNAVAILABLE.", registry=r)
         self.engine_registry = e
+        self.frontend_restarts = Counter("nmt_frontend_restarts", "Restarts of an extra frontend process "
+                                         "(--frontends) after it exited unasked: its own calls were lost.",
+                                         registry=r)
+        # --frontends N: () -> the other frontends' expositions, merged into this one's at each scrape
+        self.others = None
         self.queue_capacity = Gauge("nmt_queue_capacity", "Sentences the waiting queue holds per model "
                                     "(--max-queue-size): nmt_waiting_requests / this is the queue's fill.",
                                     ["model"], registry=r)
@@ -123,7 +128,7 @@ class Metrics:
 
     def serve(self, port: int, addr: str = "0.0.0.0"):
         """Start the /metrics HTTP endpoint; returns (server, thread)."""
-        return start_http_server(port, addr=addr, registry=self.registry)
+        return start_http_server(port, addr=addr, registry=_Exposition(self))
 
 
 def build_versions() -> tuple[str, str, str, str]:
@@ -141,6 +146,42 @@ def build_versions() -> tuple[str, str, str, str]:
     except metadata.PackageNotFoundError:  # run from a checkout that was never installed
         version = "unknown"
     return version, platform.python_version(), module_version("onnxruntime"), module_version("grpc")
+
+
+class _Exposition:
+    """What the metrics port exports: this process's registry, plus, with extra frontend processes, their
+    counters and histograms added sample by sample (one view of the server). Gauges (build, models,
+    keys: the same in every frontend) and the process_/python_ families are this process's own."""
+
+    def __init__(self, metrics: Metrics):
+        self.metrics = metrics
+
+    def collect(self):
+        families = list(self.metrics.registry.collect())
+        texts = self.metrics.others() if self.metrics.others is not None else []
+        if not texts:
+            yield from families
+            return
+        by_name = {f.name: f for f in families}
+        at = {f.name: {(s.name, tuple(sorted(s.labels.items()))): i for i, s in enumerate(f.samples)}
+              for f in families}
+        for text in texts:
+            for family in text_string_to_metric_families(text):
+                mine = by_name.get(family.name)
+                if mine is None or family.type not in ("counter", "histogram") or \
+                        family.name.startswith(("process_", "python_")):
+                    continue
+                for sample in family.samples:
+                    if sample.name.endswith("_created"):
+                        continue
+                    key = (sample.name, tuple(sorted(sample.labels.items())))
+                    i = at[family.name].get(key)
+                    if i is None:
+                        at[family.name][key] = len(mine.samples)
+                        mine.samples.append(sample)
+                    else:
+                        mine.samples[i] = mine.samples[i]._replace(value=mine.samples[i].value + sample.value)
+        yield from families
 
 
 class _CoreSeries:

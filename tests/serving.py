@@ -220,3 +220,24 @@ class EngineGate:
     def __exit__(self, *exc) -> None:
         self.open()
         del self.loop.iteration  # back to the class's method
+
+
+def tcp_connections(pid: int) -> set[tuple[int, int]]:
+    """(local port, remote port) of every established TCP connection process `pid` holds (from /proc:
+    its socket inodes matched against the namespace's TCP tables). Tests use it to see which server
+    process (--frontends) accepted which client connection."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    out = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            f = line.split()
+            if f[3] == "01" and f[9] in inodes:  # ESTABLISHED
+                out.add((int(f[1].rsplit(":", 1)[1], 16), int(f[2].rsplit(":", 1)[1], 16)))
+    return out

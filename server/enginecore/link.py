@@ -47,6 +47,7 @@ class CoreLink:
         self.waiting: dict[int, asyncio.Future] = {}  # submit / metrics tickets awaiting an answer
         self.submitting: dict[int, list] = {}  # ticket -> its jobs, until Accepted or Refused
         self._tickets = itertools.count(1)
+        self._last_metrics = ""
         self.ready: Optional[asyncio.Future] = None
         self.up = False  # a core is Ready and has not been lost since
         self._receiver: Optional[asyncio.Task] = None
@@ -57,6 +58,7 @@ class CoreLink:
         self._close_socket()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.IDENTITY, identity(os.getpid()))  # the primary names a dead frontend by it
         self.sock.connect(self.address)
         self.ready = asyncio.get_running_loop().create_future()
         self._receiver = asyncio.create_task(self._receive(self.sock), name="core-link")
@@ -131,14 +133,25 @@ class CoreLink:
         if self.up and job.id in self.jobs and self.sock is not None:
             self.sock.send(wire.encode(wire.Cancel([job.id])))
 
-    async def metrics_text(self) -> str:
-        """The core registry's exposition ('' when no core is up)."""
+    async def metrics_text(self, timeout: float = 1.0) -> str:
+        """The core registry's exposition. A core that does not answer within `timeout` (busy in a long
+        step, stopped) gets its previous answer served again: a scrape must not hang on the core,
+        and stale counters read better than vanished ones ('' before the first answer)."""
         if not self.up:
-            return ""
+            return self._last_metrics
         ticket = next(self._tickets)
         future = self.waiting[ticket] = asyncio.get_running_loop().create_future()
         await self.sock.send(wire.encode(wire.AskMetrics(ticket)))
-        return await future
+        try:
+            self._last_metrics = await asyncio.wait_for(future, timeout)
+        except asyncio.TimeoutError:
+            self.waiting.pop(ticket, None)
+        return self._last_metrics
+
+    async def forget(self, frontend: bytes) -> None:
+        """Tell the core that the frontend with this routing id died: its jobs are cancelled."""
+        if self.up and self.sock is not None:
+            await self.sock.send(wire.encode(wire.Forget(frontend)))
 
     async def stop(self, grace: float) -> None:
         """Ask the core to drain (refuse new work, finish within `grace`, fail the rest) and exit."""
@@ -187,6 +200,11 @@ class CoreLink:
             else:
                 error = error_of(item.code, item.message)
                 job.sink(error if isinstance(job, EmbedJob) else ErrorEvent(error))
+
+
+def identity(pid: int) -> bytes:
+    """A frontend's routing id at the core."""
+    return f"frontend-{pid}".encode()
 
 
 def socket_address(directory: str) -> str:

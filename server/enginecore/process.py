@@ -134,6 +134,10 @@ class Core:
                     job.cancel()
         elif isinstance(msg, wire.AskMetrics):
             self._send(identity, wire.MetricsText(msg.ticket, generate_latest(self.metrics.registry).decode()))
+        elif isinstance(msg, wire.Forget):
+            gone = self.outboxes.pop(msg.identity, None)
+            for job in list(gone.jobs.values()) if gone is not None else ():
+                job.cancel()  # dropped at the next step; its events go nowhere
         elif isinstance(msg, wire.Stop) and self.stopping is None:
             self.stopping = threading.Thread(target=self._stop, args=(msg.grace,), name="core-stop", daemon=True)
             self.stopping.start()
@@ -238,8 +242,11 @@ class Core:
 
 def main(cfg: ServerConfig, address: str, parent: int) -> None:
     """The core process's entry point (multiprocessing, spawn): load, warm up, say Ready, serve."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the frontend decides when to stop (Stop message)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # The primary frontend decides when to stop (the Stop message, after its own drain has begun): a
+    # signal to the whole process group (Ctrl-C, systemd's control-group kill) must not end the core
+    # under its callers. A frontend that is gone ends it too (Core._check).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logs.configure(cfg.log_format, cfg.log_level)
     metrics = Metrics()
     models = {}

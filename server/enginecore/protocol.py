@@ -85,6 +85,11 @@ class AskMetrics(msgspec.Struct, tag=True, array_like=True):
     ticket: int
 
 
+class Forget(msgspec.Struct, tag=True, array_like=True):
+    """From the primary frontend: the frontend with this routing id has died; cancel its jobs."""
+    identity: bytes
+
+
 class Stop(msgspec.Struct, tag=True, array_like=True):
     """Refuse new work, finish what runs within `grace` seconds, fail the rest, then exit."""
     grace: float
@@ -150,7 +155,7 @@ class MetricsText(msgspec.Struct, tag=True, array_like=True):
     text: str  # the core registry's Prometheus exposition
 
 
-ToCore = Union[Hello, Submit, Cancel, Taken, AskMetrics, Stop]
+ToCore = Union[Hello, Submit, Cancel, Taken, AskMetrics, Forget, Stop]
 ToFrontend = Union[Ready, Accepted, Refused, Events, MetricsText]
 
 encode = msgspec.msgpack.Encoder().encode

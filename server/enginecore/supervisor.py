@@ -1,4 +1,5 @@
-"""Start the engine core process, watch it, restart it when it dies.
+"""Start the engine core process, watch it, restart it when it dies (the primary frontend); or, in
+an extra frontend (`attach`), watch the core another process started and reconnect to its successor.
 
 A core that exits while the server is not stopping (kill -9, a native crash in a kernel, its own
 watchdog finding a stuck loop) costs the calls in flight an UNAVAILABLE each (retryable; none is
@@ -36,22 +37,21 @@ class CoreFailed(RuntimeError):
 
 class CoreSupervisor:
     def __init__(self, cfg: ServerConfig, metrics: Metrics, on_down: Callable[[], Awaitable[None]],
-                 on_up: Callable[[], Awaitable[None]]):
+                 on_up: Callable[[], Awaitable[None]], attach: str = ""):
         self.cfg, self.metrics, self.on_down, self.on_up = cfg, metrics, on_down, on_up
-        self.dir = tempfile.mkdtemp(prefix="nmt-core-")
-        self.link = CoreLink(socket_address(self.dir))
+        self.attached = bool(attach)  # the core is another process's child: watch and reconnect only
+        self.dir = "" if attach else tempfile.mkdtemp(prefix="nmt-core-")
+        self.link = CoreLink(attach or socket_address(self.dir))
         self.proc: Optional[subprocess.Popen] = None
+        self.pid: Optional[int] = None  # the core's, from its Ready
         self.stopping = False
         self._watcher: Optional[asyncio.Task] = None
-        config = os.path.join(self.dir, "config.json")
-        with open(config, "w", encoding="utf-8") as f:
-            json.dump(dataclasses.asdict(cfg), f)
-        self.command = [sys.executable, "-m", "server.enginecore", "--config", config,
-                        "--address", self.link.address, "--parent", str(os.getpid())]
-
-    @property
-    def pid(self) -> Optional[int]:
-        return self.proc.pid if self.proc is not None else None
+        if not attach:
+            self.config_file = os.path.join(self.dir, "config.json")
+            with open(self.config_file, "w", encoding="utf-8") as f:
+                json.dump(dataclasses.asdict(cfg), f)
+            self.command = [sys.executable, "-m", "server.enginecore", "--config", self.config_file,
+                            "--address", self.link.address, "--parent", str(os.getpid())]
 
     async def start(self) -> wire.Ready:
         """Start a core and wait for it to be Ready (raises CoreFailed if it exits first)."""
@@ -60,6 +60,10 @@ class CoreSupervisor:
         return ready
 
     async def _launch(self) -> wire.Ready:
+        if self.attached:  # Ready comes once the primary's (new) core has bound the address
+            ready = await self.link.connect()
+            self.pid = ready.pid
+            return ready
         self.proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL)
         connect = asyncio.ensure_future(self.link.connect())
         exited = asyncio.ensure_future(self._exit_status())
@@ -68,6 +72,7 @@ class CoreSupervisor:
         if connect in done:
             exited.cancel()
             ready = connect.result()
+            self.pid = ready.pid
             log.info("engine core %d ready", ready.pid, extra={"event": "engine_core_up", "pid": ready.pid})
             return ready
         connect.cancel()
@@ -78,11 +83,18 @@ class CoreSupervisor:
         raise CoreFailed(f"the engine core was not ready within {START_TIMEOUT_S:.0f} s")
 
     async def _exit_status(self) -> int:
-        """Wait for the core's exit without a thread where the kernel offers a pidfd."""
+        """Wait for the core's exit without a thread where the kernel offers a pidfd (-1 when the core
+        is not this process's child: its status is its parent's to read)."""
         proc = self.proc
         try:
-            fd = os.pidfd_open(proc.pid)
+            fd = os.pidfd_open(self.pid if self.attached else proc.pid)
+        except ProcessLookupError:
+            return -1 if self.attached else proc.wait()
         except (AttributeError, OSError):
+            if self.attached:
+                while os.path.exists(f"/proc/{self.pid}"):
+                    await asyncio.sleep(0.1)
+                return -1
             return await asyncio.get_running_loop().run_in_executor(None, proc.wait)
         loop, gone = asyncio.get_running_loop(), asyncio.Event()
         loop.add_reader(fd, gone.set)
@@ -91,16 +103,18 @@ class CoreSupervisor:
         finally:
             loop.remove_reader(fd)
             os.close(fd)
-        return proc.wait()
+        return -1 if self.attached else proc.wait()
 
     async def _watch(self) -> None:
         while True:
             status = await self._exit_status()
             if self.stopping:
                 return
-            self.metrics.core_restarts.inc()
-            log.error("engine core %d exited with status %d; failing the calls in flight and restarting it",
-                      self.proc.pid, status, extra={"event": "engine_core_lost", "status": status})
+            if not self.attached:
+                self.metrics.core_restarts.inc()
+            log.error("engine core %d exited (status %d); failing the calls in flight and %s", self.pid, status,
+                      "waiting for its successor" if self.attached else "restarting it",
+                      extra={"event": "engine_core_lost", "status": status})
             await self.on_down()
             failed = self.link.lost(Unavailable(f"the engine core stopped (exit status {status}) while this "
                                                 "request was in it; the server is restarting it: retry"))
@@ -119,11 +133,17 @@ class CoreSupervisor:
                 await self.on_up()
 
     async def stop(self, grace: float) -> None:
-        """Drain the core (new work refused, running work finished within `grace`), then end it."""
+        """Drain the core (new work refused, running work finished within `grace`), then end it. Attached:
+        wait (up to `grace`) for this frontend's own jobs only; the primary stops the core."""
         self.stopping = True
         if self._watcher is not None:
             self._watcher.cancel()
-        if self.proc is not None and self.proc.poll() is None:
+        if self.attached:
+            for _ in range(int(grace / 0.025) + 1):
+                if not self.link.jobs:
+                    break
+                await asyncio.sleep(0.025)
+        elif self.proc is not None and self.proc.poll() is None:
             await self.link.stop(grace)
             try:
                 await asyncio.wait_for(self._exit_status(), grace + 10.0)
@@ -137,4 +157,5 @@ class CoreSupervisor:
                 await asyncio.sleep(0.025)
         self.link.lost(Unavailable("the server shut down before this request finished"))
         self.link.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if self.dir:
+            shutil.rmtree(self.dir, ignore_errors=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import ssl
 from typing import Optional
 
@@ -75,7 +76,9 @@ class HttpFrontend:
         return error_response(500, "INTERNAL", f"internal error ({type(exc).__name__}); see the server log")
 
     # -- lifecycle ----------------------------------------------------------------------
-    async def start(self, host: str, port: int) -> int:
+    async def start(self, host: str, port: int, reuse_port: bool = False) -> int:
+        """Serve on host:port; `reuse_port`: several processes listen on it (--frontends), the kernel
+        spreads the connections (SO_REUSEPORT, which uvicorn does not set itself)."""
         cfg = self.cfg
         tls = dict(ssl_certfile=cfg.tls_cert_file, ssl_keyfile=cfg.tls_key_file) if cfg.tls_cert_file else {}
         if cfg.tls_cert_file and cfg.tls_client_ca_file:
@@ -89,7 +92,8 @@ class HttpFrontend:
         self._server = uvicorn.Server(config)
         # uvicorn's serve() takes over SIGINT/SIGTERM; the server's own handlers drain gRPC and HTTP together.
         self._server.capture_signals = _no_signal_capture
-        self._task = asyncio.create_task(self._server.serve())
+        sockets = [_shared_socket(host, port)] if reuse_port else None
+        self._task = asyncio.create_task(self._server.serve(sockets=sockets))
         while not self._server.started:
             if self._task.done():
                 self._task.result()  # the bind failed: raise its error
@@ -120,3 +124,15 @@ class _NoCapture:
 
 def _no_signal_capture() -> _NoCapture:
     return _NoCapture()
+
+
+def _shared_socket(host: str, port: int) -> socket.socket:
+    family, kind, proto, _, address = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                                         flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(address)
+    sock.listen(2048)
+    sock.set_inheritable(False)
+    return sock

@@ -1,0 +1,159 @@
+"""Extra frontend processes (`--frontends N`, N > 1): more Python processes serving the same gRPC and
+HTTP ports over the one engine core, each with its own event loop and interpreter lock.
+
+Why: a gRPC message costs ~100 us of CPU on the frontend's event loop (docs/benchmarks/
+frontend_profile.md), so one Python frontend caps a fast engine (a GPU's) at ~10k messages/s. The
+kernel spreads new connections over the processes listening with SO_REUSEPORT (gRPC sets it on
+Linux; the HTTP port here sets it when N > 1), so N frontends take N cores' worth of per-message
+work. Each frontend is a whole TranslationServer attached to the core (server/enginecore/
+frontend.py): admission, tokenisers, documents, auth, protobuf, its own link to the core.
+
+This module is the primary's side: it starts the N - 1 others, restarts one that dies (its calls are
+lost with it, no one else's; the core cancels its jobs: `Forget`), asks each for its metrics at a
+scrape (one view: server/metrics.py MergedRegistry) and tells each to drain on shutdown. The
+control channel is a ZeroMQ ROUTER here and a DEALER in each extra frontend.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import subprocess
+import sys
+import zmq
+import zmq.asyncio
+
+from server.enginecore import protocol as wire
+from server.enginecore.link import identity
+from server.metrics import Metrics
+
+log = logging.getLogger("server.enginecore")
+START_TIMEOUT_S = 120.0
+SCRAPE_TIMEOUT_S = 2.0
+
+
+class FrontendPool:
+    def __init__(self, count: int, config_file: str, directory: str, core_address: str, port: int, http_port: int,
+                 metrics: Metrics, forget):
+        self.count, self.metrics, self.forget = count, metrics, forget
+        self.address = f"ipc://{os.path.join(directory, 'control.sock')}"
+        self.ctx = zmq.asyncio.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind(self.address)
+        self.base = [sys.executable, "-m", "server.enginecore.frontend", "--config", config_file,
+                     "--core", core_address, "--control", self.address, "--port", str(port),
+                     "--http-port", str(http_port), "--parent", str(os.getpid())]
+        self.procs: dict[int, subprocess.Popen] = {}  # index (1..N-1) -> process
+        self.hello: dict[bytes, asyncio.Future] = {}  # routing id -> resolved when that frontend serves
+        self.answers: dict[int, asyncio.Future] = {}
+        self._tickets = itertools.count(1)
+        self.stopping = False
+        self._tasks: list[asyncio.Task] = []
+
+    async def start(self) -> None:
+        self._tasks.append(asyncio.create_task(self._receive(), name="frontends-control"))
+        await asyncio.gather(*(self._spawn(i) for i in range(1, self.count)))
+        self._tasks += [asyncio.create_task(self._watch(i), name=f"frontend-{i}-watch") for i in range(1, self.count)]
+
+    async def _spawn(self, index: int) -> None:
+        proc = subprocess.Popen([*self.base, "--index", str(index)], stdin=subprocess.DEVNULL)
+        self.procs[index] = proc
+        serving = self.hello.setdefault(identity(proc.pid), asyncio.get_running_loop().create_future())
+        done, _ = await asyncio.wait({serving, asyncio.ensure_future(self._exit(proc))}, timeout=START_TIMEOUT_S,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if serving not in done:
+            proc.kill()
+            raise RuntimeError(f"frontend {index} did not start (exit status {proc.poll()})")
+        log.info("frontend %d serving (pid %d)", index, proc.pid,
+                 extra={"event": "frontend_up", "index": index, "pid": proc.pid})
+
+    @staticmethod
+    async def _exit(proc: subprocess.Popen) -> int:
+        fd = os.pidfd_open(proc.pid)
+        loop, gone = asyncio.get_running_loop(), asyncio.Event()
+        loop.add_reader(fd, gone.set)
+        try:
+            await gone.wait()
+        finally:
+            loop.remove_reader(fd)
+            os.close(fd)
+        return proc.wait()
+
+    async def _watch(self, index: int) -> None:
+        while True:
+            proc = self.procs[index]
+            status = await self._exit(proc)
+            if self.stopping:
+                return
+            await self.forget(identity(proc.pid))  # the core cancels its jobs: nobody would read them
+            self.hello.pop(identity(proc.pid), None)
+            self.metrics.frontend_restarts.inc()
+            log.error("frontend %d (pid %d) exited with status %d; its calls are lost, restarting it", index,
+                      proc.pid, status, extra={"event": "frontend_lost", "index": index, "status": status})
+            while not self.stopping:
+                try:
+                    await self._spawn(index)
+                    break
+                except RuntimeError as e:
+                    log.error("%s", e, extra={"event": "frontend_start_failed", "index": index})
+                    await asyncio.sleep(1.0)
+
+    async def _receive(self) -> None:
+        while True:
+            peer, frame = await self.sock.recv_multipart()
+            msg = wire.to_frontend(frame)
+            if isinstance(msg, wire.MetricsText):
+                future = self.answers.pop(msg.ticket, None)
+                if future is not None and not future.done():
+                    future.set_result(msg.text)
+            elif isinstance(msg, wire.Ready):  # an extra frontend says it serves
+                future = self.hello.setdefault(peer, asyncio.get_running_loop().create_future())
+                if not future.done():
+                    future.set_result(None)
+
+    async def metrics_texts(self) -> list[str]:
+        """Each serving extra frontend's exposition (one that does not answer in time is left out)."""
+        peers = [peer for peer, f in self.hello.items() if f.done()]
+        futures = []
+        for peer in peers:
+            ticket = next(self._tickets)
+            future = self.answers[ticket] = asyncio.get_running_loop().create_future()
+            await self.sock.send_multipart([peer, wire.encode(wire.AskMetrics(ticket))])
+            futures.append(future)
+        done, pending = await asyncio.wait(futures, timeout=SCRAPE_TIMEOUT_S) if futures else (set(), set())
+        for f in pending:
+            f.cancel()
+        return [f.result() for f in futures if f in done]
+
+    async def begin_stop(self) -> None:
+        """Tell every extra frontend to begin its lame duck and drain (before the core hears of it)."""
+        self.stopping = True
+        for task in self._tasks:
+            task.cancel()
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                await self.sock.send_multipart([identity(proc.pid), wire.encode(wire.Stop(0.0))])
+
+    async def stop(self, grace: float) -> None:
+        """Wait (up to `grace` + 10 s) for every extra frontend to drain its own calls and exit."""
+        if not self.stopping:
+            await self.begin_stop()
+        for proc in self.procs.values():
+            try:
+                await asyncio.wait_for(self._exit(proc), grace + 10.0)
+            except (asyncio.TimeoutError, ProcessLookupError):
+                proc.kill()
+        self.sock.close(0)
+        self.ctx.term()
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs.values() if p.poll() is None]
+
+
+def frontend_count(requested: int) -> int:
+    """--frontends: N as given, or 0 = one per 4 cores (at least 1): each frontend is an event loop that
+    wants a core of its own under load, beside the engine core's ONNX Runtime threads."""
+    return requested if requested > 0 else max(1, (os.cpu_count() or 1) // 4)

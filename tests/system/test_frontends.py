@@ -1,0 +1,157 @@
+"""Several frontend processes over one engine core (--engine-core process --frontends N): the kernel
+spreads connections over them, each answers as the primary does, the metrics port shows them as
+one server, a killed frontend loses only its own calls (the core cancels its jobs and it comes
+back), and SIGTERM drains every frontend.
+
+Which process holds a connection is read from /proc (tests/serving.py tcp_connections), so the
+tests pick connections by where they landed instead of hoping the kernel's hash spreads them."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+
+from benchmarks.harness import descendants, free_port
+from client.client import TranslatorClient, options
+from protos.nmt.v1 import translator_pb2 as pb
+from protos.nmt.v1 import translator_pb2_grpc as pb_grpc
+from tests.serving import start_subprocess, tcp_connections, wait_for, wait_process_serving
+
+LONG = dict(max_output_tokens=250, min_output_tokens=250, temperature=5.0, seed=1)
+
+
+def channel_to(target: str) -> grpc.Channel:
+    # A subchannel pool of its own: otherwise channels to one target share one TCP connection.
+    return grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+
+
+def holder(stub_channel_port: int, server_port: int, pids: list[int]) -> int:
+    """The process (of `pids`) that accepted the connection whose client side is `stub_channel_port`."""
+    for pid in pids:
+        if (server_port, stub_channel_port) in tcp_connections(pid):
+            return pid
+    raise AssertionError(f"no server process holds the connection from port {stub_channel_port}")
+
+
+def connections_by_holder(target: str, port: int, pids: list[int], wanted: set[int], limit: int = 300) -> dict:
+    """Open connections (one Translate each, so they are established) until every process in `wanted`
+    holds one; returns pid -> [(channel, stub)] for every connection opened."""
+    me = os.getpid()
+    held: dict[int, list] = {pid: [] for pid in pids}
+    for _ in range(limit):
+        before = {c for c in tcp_connections(me) if c[1] == port}
+        channel = channel_to(target)
+        stub = pb_grpc.TranslatorStub(channel)
+        stub.Translate(pb.TranslateRequest(texts=["A dog."]), timeout=60)
+        (local, _), = {c for c in tcp_connections(me) if c[1] == port} - before
+        held[holder(local, port, pids)].append((channel, stub))
+        if all(held[pid] for pid in wanted):
+            return held
+    raise AssertionError(f"{limit} connections never reached every frontend: {[len(v) for v in held.values()]}")
+
+
+def cmdline(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+
+
+def drain(stream) -> tuple[grpc.StatusCode, list]:
+    got = []
+    try:
+        for m in stream:
+            got.append(m)
+    except grpc.RpcError as e:
+        return e.code(), got
+    return grpc.StatusCode.OK, got
+
+
+def test_connections_spread_over_frontends_and_metrics_are_one_view(start_server):
+    srv = start_server(engine_core="process", frontends=3, runaway_guard=False)
+    extra = srv.app.frontends.pids
+    assert len(extra) == 2
+    pids = [os.getpid(), *extra]  # the primary frontend runs in this test process (ServerThread)
+    before = srv.metric("nmt_requests_total", missing_ok=True, rpc="Translate", code="OK")
+    held = connections_by_holder(srv.target, srv.app.port, pids, set(pids))
+    calls = sum(map(len, held.values()))
+    # Every frontend answered calls; the metrics port counts all of them, once.
+    assert srv.settled_metric("nmt_requests_total", before + calls, rpc="Translate", code="OK") == before + calls
+    text = srv.metrics_text()
+    assert text.count("# TYPE nmt_requests_total counter") == 1
+    assert "nmt_running_requests" in text  # the core's series, through the primary
+    http_before = srv.metric("nmt_http_requests_total", missing_ok=True)
+    body = json.dumps({"texts": ["A dog runs."]}).encode()
+    for _ in range(9):  # a connection each (urllib closes it): spread over the HTTP listeners too
+        request = urllib.request.Request(f"http://127.0.0.1:{srv.app.http_port}/v1/translate", data=body,
+                                         headers={"Content-Type": "application/json"})
+        assert json.loads(urllib.request.urlopen(request, timeout=60).read())["translations"]
+    assert srv.settled_metric("nmt_http_requests_total", http_before + 9) == http_before + 9
+    for channels in held.values():
+        for channel, _ in channels:
+            channel.close()
+
+
+def test_a_killed_frontend_loses_only_its_own_calls(start_server):
+    srv = start_server(engine_core="process", frontends=2, runaway_guard=False)
+    (extra,) = srv.app.frontends.pids
+    me, port = os.getpid(), srv.app.port
+    held = connections_by_holder(srv.target, port, [me, extra], {me, extra})
+    (_, on_extra), (_, on_primary) = held[extra][0], held[me][0]
+    produced = srv.metric("nmt_output_tokens_total", missing_ok=True)
+    request = pb.TranslateStreamRequest(text="A dog runs on the beach.", options=options(**LONG))
+    streams = [stub.TranslateStream(request, timeout=120) for stub in (on_extra, on_extra, on_primary, on_primary)]
+    for s in streams:
+        next(s)  # all four decoding in the core
+    core = srv.app.core.pid
+    os.kill(core, signal.SIGSTOP)  # nothing finishes while the frontend dies
+    try:
+        os.kill(extra, signal.SIGKILL)
+        assert wait_for(lambda: srv.metric("nmt_frontend_restarts_total") == 1)  # the core was told to forget it
+    finally:
+        os.kill(core, signal.SIGCONT)
+    ends = [drain(s) for s in streams]
+    assert [code for code, _ in ends] == [grpc.StatusCode.UNAVAILABLE] * 2 + [grpc.StatusCode.OK] * 2
+    assert all(got[-1].output_tokens == 250 for _, got in ends[2:])
+    srv.wait_idle()
+    # Only the primary's two streams were decoded to the end: the dead frontend's jobs were cancelled.
+    assert srv.metric("nmt_output_tokens_total") == produced + 500
+    assert wait_for(lambda: len(srv.app.frontends.pids) == 1 and srv.app.frontends.pids[0] != extra, timeout=60)
+    with TranslatorClient(srv.target, timeout=60, retries=0) as client:
+        assert client.translate(["A dog."]).translations[0].hypotheses[0].text
+
+
+def test_sigterm_drains_every_frontend():
+    port, metrics_port = free_port(), free_port()
+    proc = start_subprocess(port, metrics_port, "--engine-core", "process", "--frontends", "2",
+                            "--runaway-guard", "false", "--grace-period-s", "60")
+    try:
+        with TranslatorClient(f"127.0.0.1:{port}", timeout=60, retries=0) as client:
+            wait_process_serving(client, proc)
+        children = descendants(proc.pid)
+        (extra,) = [p for p in children if "server.enginecore.frontend" in cmdline(p)]
+        target = f"127.0.0.1:{port}"
+        held = connections_by_holder(target, port, [proc.pid, extra], {proc.pid, extra})
+        request = pb.TranslateStreamRequest(text="A dog runs on the beach.", options=options(**LONG))
+        streams = [held[pid][0][1].TranslateStream(request, timeout=120) for pid in (proc.pid, extra)]
+        firsts = [next(s) for s in streams]
+        proc.send_signal(signal.SIGTERM)
+        for first, stream in zip(firsts, streams):
+            code, rest = drain(stream)
+            assert code == grpc.StatusCode.OK
+            assert rest[-1].final and rest[-1].output_tokens == 250
+        assert proc.wait(60) == 0
+        assert wait_for(lambda: not any(os.path.exists(f"/proc/{p}") and "zombie" not in
+                                        Path(f"/proc/{p}/status").read_text().lower() for p in children))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.mark.parametrize("flags", [{"frontends": 2}, {"frontends": -1, "engine_core": "process"}])
+def test_frontends_need_the_core_process(flags):
+    from server.config import ServerConfig
+    problems = ServerConfig(**flags).problems()
+    assert any("--frontends" in p for p in problems), problems

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import platform
@@ -35,7 +36,8 @@ def server_flags(args) -> list[str]:
     return ["--model-repository", args.repository, "--max-batch-size", str(args.max_batch_size),
             "--max-queue-size", "1024", "--intra-op-threads", str(args.threads),
             "--stream-interval", str(args.stream_interval), "--provider", args.provider, "--variant", args.variant,
-            "--decoder", args.decoder, "--engine-core", args.engine_core]
+            "--decoder", args.decoder, "--engine-core", args.engine_core,
+            *(["--frontends", str(args.frontends)] if args.engine_core == "process" else [])]
 
 
 def component_costs(runtime, tok, texts: Sequence[str], out_len: float) -> dict:
@@ -158,12 +160,19 @@ async def inprocess(args, texts) -> dict:
 async def through_grpc(args, texts) -> dict:
     from client.client import AsyncTranslatorClient
     server = ServerProcess(*server_flags(args), metrics=False).launch()
+    clients = [AsyncTranslatorClient(server.target, timeout=300, retries=0, own_connection=args.connections > 1)
+               for _ in range(args.connections)]
     try:
-        async with AsyncTranslatorClient(server.target, timeout=300, retries=0) as client:
-            await wait_serving(client)
-            cpu = lambda: (cpu_seconds(), cpu_seconds(server.pid))  # noqa: E731 (client, server)
-            return {"levels": await run_all(grpc_stream(client), texts, args, cpu)}
+        await wait_serving(clients[0])
+        cpu = lambda: (cpu_seconds(), cpu_seconds(server.pid))  # noqa: E731 (client, server and its children)
+        streams, turn = [grpc_stream(c) for c in clients], itertools.count()
+
+        def stream(text: str):  # round the connections (frontend processes, with --frontends)
+            return streams[next(turn) % len(streams)](text)
+        return {"levels": await run_all(stream, texts, args, cpu)}
     finally:
+        for c in clients:
+            await c.close()
         server.stop()
 
 
@@ -334,6 +343,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="server decoder graph (see python -m server --help)")
     p.add_argument("--stream-intervals", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4],
                    help="server --stream-interval values to compare; the first is the main table")
+    p.add_argument("--frontends", type=int, default=1, help="server --frontends (with --engine-cores process)")
+    p.add_argument("--connections", type=int, default=1, help="client TCP connections, requests spread over them")
     p.add_argument("--engine-cores", type=lambda s: s.split(","), default=["thread"],
                    help="server --engine-core values to compare through gRPC (thread, process), alternating")
     p.add_argument("--repeats", type=int, default=3, help="sweeps per mode; each cell reports the median")

@@ -61,6 +61,10 @@ def _channel_setup(tls: bool, ca_file: Optional[str], cert_file: Optional[str], 
     return (channel_credentials(ca_file, cert_file, key_file) if secure else None), options
 
 
+# A channel's own subchannel pool: its own TCP connection even to a target other channels reach.
+OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
+
+
 def auth_metadata(api_key: Optional[str]) -> Optional[tuple]:
     return (("authorization", f"Bearer {api_key}"),) if api_key else None
 
@@ -242,10 +246,12 @@ class AsyncTranslatorClient:
     def __init__(self, target: str = "localhost:50051", timeout: Optional[float] = 30.0, retries: int = 3,
                  backoff: float = 0.1, *, tls: bool = False, ca_file: Optional[str] = None,
                  cert_file: Optional[str] = None, key_file: Optional[str] = None, server_name: Optional[str] = None,
-                 api_key: Optional[str] = None, balancing: Optional[Balancing] = None):
+                 api_key: Optional[str] = None, balancing: Optional[Balancing] = None, own_connection: bool = False):
+        """`own_connection`: a TCP connection of this client's own, not the one gRPC would share with every
+        other channel to the target in this process (to spread load over a server's frontend processes)."""
         creds, opts = _channel_setup(tls, ca_file, cert_file, key_file, server_name)
         target, lb_opts = channel_args(target, balancing or Balancing(retries=retries))
-        opts = [*opts, *lb_opts]
+        opts = [*opts, *lb_opts, *OWN_CONNECTION * own_connection]
         self.metadata = auth_metadata(api_key)
         self.channel = (grpc.aio.secure_channel(target, creds, opts) if creds
                         else grpc.aio.insecure_channel(target, opts))

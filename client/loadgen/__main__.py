@@ -48,6 +48,9 @@ def parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("where")
     g.add_argument("--target", default="localhost:50051", help="HOST:PORT; several, comma-separated, are "
                    "used round-robin (one channel each)")
+    g.add_argument("--connections", type=int, default=1,
+                   help="TCP connections per target, requests spread over them (a server with --frontends N > 1 "
+                        "gets them spread over its frontend processes; one connection reaches one)")
     g.add_argument("--lb", choices=["split", "round_robin"], default="split",
                    help="several targets: split = one channel each, request i to target i mod n (exact "
                         "shares, reported per target); round_robin = one channel balanced by gRPC over the "
@@ -127,6 +130,7 @@ def config(args: argparse.Namespace) -> RunConfig:
         security=Security(args.tls, args.tls_ca, args.tls_cert, args.tls_key, args.tls_server_name, args.api_key),
         slo=Slo(args.slo_ttft_ms, args.slo_tpot_ms, args.slo_e2e_ms),
         metrics_urls=[u.strip() for u in (args.metrics_url or "").split(",") if u.strip()], lb=args.lb,
+        connections=args.connections,
         window_s=args.window, progress=not args.quiet, src_file=args.src_file)
 
 

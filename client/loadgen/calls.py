@@ -16,7 +16,7 @@ from typing import Awaitable, Callable, Optional, Sequence
 import grpc
 
 from client.balancing import Balancing, channel_args
-from client.client import AsyncTranslatorClient
+from client.client import OWN_CONNECTION, AsyncTranslatorClient
 from client.client import options as decoding_options
 from client.loadgen.measure import Sample
 from client.loadgen.workload import Request
@@ -57,13 +57,13 @@ def metadata(sec: Security) -> Optional[tuple]:
 
 
 class Targets:
-    """lb="split" (default): one channel per target; request i goes to target i mod n. The split
+    """lb="split" (default): one channel per target (`connections` each); request i goes to channel i mod n. The split
     is exact per request and each target's share is reported. lb="round_robin": one channel over
     all targets with gRPC's round_robin policy and client-side health checking, as the client
     library balances (client/balancing.py; a dns:/// target works too), reported as one target.
     Neither retries: a retry hides the error and adds load."""
 
-    def __init__(self, targets: Sequence[str], sec: Security = Security(), lb: str = "split"):
+    def __init__(self, targets: Sequence[str], sec: Security = Security(), lb: str = "split", connections: int = 1):
         if not targets:
             raise ValueError("no target")
         options = [("grpc.max_receive_message_length", 64 << 20)]
@@ -76,7 +76,11 @@ class Targets:
             targets = [target]
         elif lb != "split":
             raise ValueError(f"lb must be split or round_robin (got {lb!r})")
-        self.names = list(targets)
+        # `connections` > 1: that many channels per target, each its own TCP connection (a server with
+        # several frontend processes gets them spread by the kernel); requests go round the channels.
+        if connections > 1:
+            options += OWN_CONNECTION
+        self.names = [t for t in targets for _ in range(max(1, connections))]
         self.channels = [grpc.aio.secure_channel(t, creds, options) if creds else grpc.aio.insecure_channel(t, options)
                          for t in self.names]
         self.stubs = [pb_grpc.TranslatorStub(c) for c in self.channels]

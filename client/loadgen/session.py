@@ -48,6 +48,7 @@ class RunConfig:
     progress: bool = True
     src_file: str = ""
     lb: str = "split"  # split: one channel per target, exact shares; round_robin: one balanced channel
+    connections: int = 1  # TCP connections per target (split): a server's frontend processes share them
 
     def bounds(self, level) -> tuple[Optional[int], float, float]:
         """(request count, sending-phase seconds, hard stop seconds) of a measured level."""
@@ -121,7 +122,7 @@ async def run(cfg: RunConfig) -> dict:
     if cfg.mode not in ("closed", "open"):
         raise ValueError("mode is closed or open")
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    targets = Targets(cfg.targets, cfg.security, cfg.lb)
+    targets = Targets(cfg.targets, cfg.security, cfg.lb, cfg.connections)
     sampler = MetricsSampler(cfg.metrics_urls) if cfg.metrics_urls else None
     levels: list[dict] = []
     run_t0 = time.perf_counter()

@@ -99,21 +99,22 @@ class TranslationServer:
             self.metrics_port = self._metrics_http[0].server_port
         self.admission.quota_of = self.security.quota_of
         await self.server.start()
+        count = frontend_count(cfg.frontends) if cfg.engine_core == "process" and not self.attach else 1
         if cfg.http_port >= 0:
             await loop.run_in_executor(None, self.admission.identifier.warm)  # the language model: ~0.3 s, once
             edge = Edge(Gateway(self.service, self.security.interceptor), self.admission, self.metrics,
                         cfg.max_request_bytes, cfg.http_body_timeout_s, self.security.keys)
             self.http = HttpFrontend(edge, self.health, cfg)
-            shared = bool(self.attach) or frontend_count(cfg.frontends) > 1  # several processes, one port
+            shared = bool(self.attach) or count > 1  # several processes listen on the one port
             self.http_port = await self.http.start(cfg.http_host or cfg.host, cfg.http_port, reuse_port=shared)
-        count = frontend_count(cfg.frontends) if cfg.engine_core == "process" and not self.attach else 1
         if count > 1:
             self.frontends = FrontendPool(count, self.core.config_file, self.core.dir, self.core.link.address,
                                           self.port, self.http_port if self.http else -1, self.metrics,
                                           self.core.link.forget)
             await self.frontends.start()
             self.metrics.others = lambda: self._on_loop(self.frontends.metrics_texts, [])
-        self.security.watch_reload_signal(asyncio.get_running_loop())  # SIGHUP: reload --api-keys-file
+        # SIGHUP: reload --api-keys-file (here, and in the other frontend processes)
+        self.security.watch_reload_signal(loop, self.frontends.signal_reload if self.frontends else None)
         await self.health.serving()
         log.info("serving %s on port %d (HTTP on %s, metrics on %s)", sorted(self.models), self.port,
                  self.http_port or "-", self.metrics_port or "-",

@@ -96,7 +96,8 @@ HELP = {
                    "stuck loop there fails the calls in flight UNAVAILABLE and the core restarts while the "
                    "ports stay up; docs/architecture.md)",
     "frontends": "gRPC/HTTP frontend processes sharing the ports over one engine core (needs --engine-core "
-                 "process; > 1 spreads connections with SO_REUSEPORT); 0 = one per 4 cores",
+                 "process; > 1 spreads connections with SO_REUSEPORT); 0 = one per 4 cores with --engine-core process, "
+                 "else 1",
     "watchdog_s": "no engine progress for this long with work waiting: NOT_SERVING, requests fail with "
                   "UNAVAILABLE, exit status 3; > 0",
     "warmup": "translate once per model before reporting SERVING (true/false)",
@@ -164,7 +165,7 @@ class ServerConfig:
     keepalive_permit_without_calls: bool = True
     workers: int = 4  # threads for the handlers' blocking work (validation, tokenisation), off the event loop
     engine_core: str = "thread"  # thread | process (server/enginecore/)
-    frontends: int = 1  # frontend processes over the core (--engine-core process); 0 = one per 4 cores
+    frontends: int = 0  # frontend processes over the core (--engine-core process); 0 = one per 4 cores
     watchdog_s: float = 30.0  # no engine step for this long with work waiting: NOT_SERVING, fail requests, exit 3
     warmup: bool = True
     runaway_guard: bool = True
@@ -227,7 +228,7 @@ class ServerConfig:
                        f"--max-texts-per-request {self.max_texts_per_request}")
         if self.engine_core not in ("thread", "process"):
             out.append(f"--engine-core must be thread or process (got {self.engine_core!r})")
-        if self.frontends < 0 or (self.frontends != 1 and self.engine_core != "process"):
+        if self.frontends < 0 or (self.frontends > 1 and self.engine_core != "process"):
             out.append(f"--frontends {self.frontends}: extra frontend processes need --engine-core process "
                        "(and a count >= 0)")
         if self.runaway_min_span < 2 or not self.runaway_length_ratio > 0:

@@ -96,7 +96,46 @@ def flush() -> None:
             relay._wake()
 
 
+class Outflow:
+    """Stream events on this loop not yet written to their callers: delivered to a stream and either
+    still queued there or in a message whose write has not completed. The engine core's link waits
+    for it to empty before asking the core for more (server/enginecore/link.py): while the frontend
+    is busy writing, the core keeps merging tokens, so each stream's next message carries all of
+    them (coalescing by back-pressure); an idle frontend empties it at once."""
+
+    def __init__(self) -> None:
+        self.pending = 0
+        self._waiters: list[Callable[[], None]] = []
+
+    def add(self, n: int = 1) -> None:
+        self.pending += n
+
+    def done(self, n: int) -> None:
+        self.pending = max(0, self.pending - n)
+        if not self.pending and self._waiters:
+            waiters, self._waiters = self._waiters, []
+            for callback in waiters:
+                callback()
+
+    def when_empty(self, callback: Callable[[], None]) -> None:
+        if self.pending:
+            self._waiters.append(callback)
+        else:
+            callback()
+
+
 _relays: dict[asyncio.AbstractEventLoop, EventRelay] = {}
+_outflows: dict[asyncio.AbstractEventLoop, Outflow] = {}
+
+
+def outflow_for(loop: asyncio.AbstractEventLoop) -> Outflow:
+    """The Outflow of `loop` (one per loop, shared by its streams and its link to the engine core)."""
+    flow = _outflows.get(loop)
+    if flow is None:
+        for dead in [lp for lp in _outflows if lp.is_closed()]:
+            del _outflows[dead]
+        flow = _outflows[loop] = Outflow()
+    return flow
 
 
 def relay_for(loop: asyncio.AbstractEventLoop) -> EventRelay:

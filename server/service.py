@@ -25,7 +25,7 @@ from server.admission import Admission, TranslateCall
 from server.hosted import HostedModel
 from server.metrics import Metrics
 from server.observability import calls
-from server.relay import relay_for
+from server.relay import Outflow, outflow_for, relay_for
 from server.request import DecodingParams, ErrorEvent, Event, FinishEvent, FinishReason, TokenEvent
 from server.wire import Malformed
 
@@ -122,9 +122,37 @@ class Results:
             raise
 
 
-def _tagged(put: Callable, index: int, event: Event) -> None:
-    """A document's sentence i reports to the stream's one queue as (i, event)."""
-    put((index, event))
+class _StreamInbox:
+    """A stream's events, (sentence index, event) in arrival order. The stream counts once in the loop's
+    Outflow while it has events it has not taken yet and is not blocked in a write: that is the loop's
+    backlog. (A stream whose client reads slowly sits in its write and is not counted: it must not
+    hold back everyone else; its tokens merge into its next message anyway.)"""
+
+    def __init__(self, flow: Outflow) -> None:
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.flow, self.owed, self.writing, self.closed = flow, False, False, False
+
+    def put(self, index: int, event: Event) -> None:
+        self.queue.put_nowait((index, event))
+        if not (self.owed or self.writing or self.closed):
+            self.owed = True
+            self.flow.add()
+
+    def taken(self) -> None:
+        """Everything queued has been read (a message is about to be written, or nothing is to be)."""
+        if self.owed:
+            self.owed = False
+            self.flow.done(1)
+
+    def wrote(self) -> None:
+        self.writing = False
+        if not self.queue.empty() and not self.closed:
+            self.owed = True
+            self.flow.add()
+
+    def close(self) -> None:
+        self.closed = True
+        self.taken()
 
 
 def timings(t) -> pb.Timings:
@@ -273,10 +301,14 @@ class TranslatorService(pb_grpc.TranslatorServicer):
 
     async def _stream(self, request: pb.TranslateStreamRequest, context) -> AsyncIterator:
         call = translate_call(request, deadline_of(context))
-        events: asyncio.Queue = asyncio.Queue()
-        relay = relay_for(asyncio.get_running_loop())
-        admitted = await self.admission.translate(
-            call, lambda i: relay.sink(partial(_tagged, events.put_nowait, i)))
+        loop = asyncio.get_running_loop()
+        relay, inbox = relay_for(loop), _StreamInbox(outflow_for(loop))
+        events = inbox.queue
+        try:
+            admitted = await self.admission.translate(call, lambda i: relay.sink(partial(inbox.put, i)))
+        except BaseException:
+            inbox.close()
+            raise
         model, jobs, (plan,) = admitted.model, admitted.jobs, admitted.plans
         doc = DocumentStream(plan, model.tok)
         try:
@@ -294,8 +326,11 @@ class TranslatorService(pb_grpc.TranslatorServicer):
                         break
                     i, event = events.get_nowait()
                 unsent += doc.take_released()
+                inbox.taken()
                 if delta and not doc.done:
+                    inbox.writing = True
                     yield pb.TranslateStreamResponse(delta=delta, token_ids=unsent, model=model.name)
+                    inbox.wrote()  # produce() resumes this generator once the write has completed
                     unsent, delta = [], ""
             res = doc.result()
             unsent += doc.take_released()
@@ -305,6 +340,7 @@ class TranslatorService(pb_grpc.TranslatorServicer):
                 model=model.name, detected_source_language=admitted.source_language if admitted.detection else "",
                 detection_confidence=admitted.confidence)
         finally:
+            inbox.close()
             calls.note(output_tokens=sum(map(len, doc.ids)))  # decoded so far, if the stream was cut short
             if not doc.done:
                 for job in jobs:

@@ -19,6 +19,7 @@ import asyncio
 import itertools
 import logging
 import os
+import signal
 import subprocess
 import sys
 import zmq
@@ -61,8 +62,9 @@ class FrontendPool:
         proc = subprocess.Popen([*self.base, "--index", str(index)], stdin=subprocess.DEVNULL)
         self.procs[index] = proc
         serving = self.hello.setdefault(identity(proc.pid), asyncio.get_running_loop().create_future())
-        done, _ = await asyncio.wait({serving, asyncio.ensure_future(self._exit(proc))}, timeout=START_TIMEOUT_S,
-                                     return_when=asyncio.FIRST_COMPLETED)
+        exited = asyncio.ensure_future(self._exit(proc))
+        done, _ = await asyncio.wait({serving, exited}, timeout=START_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
+        exited.cancel()
         if serving not in done:
             proc.kill()
             raise RuntimeError(f"frontend {index} did not start (exit status {proc.poll()})")
@@ -147,6 +149,14 @@ class FrontendPool:
                 proc.kill()
         self.sock.close(0)
         self.ctx.term()
+
+    def signal_reload(self) -> None:
+        """Pass a SIGHUP (reload the API keys) on to every extra frontend."""
+        for pid in self.pids:
+            try:
+                os.kill(pid, signal.SIGHUP)
+            except ProcessLookupError:
+                pass
 
     @property
     def pids(self) -> list[int]:

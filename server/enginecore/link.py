@@ -18,6 +18,7 @@ import asyncio
 import itertools
 import logging
 import os
+import threading
 import time
 from typing import Optional
 
@@ -27,9 +28,13 @@ import zmq.asyncio
 
 from server.enginecore import protocol as wire
 from server.errors import ServiceError, Unavailable
+from server.relay import Outflow, outflow_for
 from server.request import EmbedJob, ErrorEvent, FinishEvent, FinishReason, Hypothesis, Job, TokenEvent
 
 log = logging.getLogger("server.enginecore")
+# The longest the core's next Events waits for this loop's stream writes: a stream that never completes
+# its write (a client that stopped reading) must not hold back everyone else's tokens for long.
+MAX_HOLD_S = 0.05
 
 
 def error_of(code: str, message: str) -> ServiceError:
@@ -41,6 +46,7 @@ def error_of(code: str, message: str) -> ServiceError:
 class CoreLink:
     def __init__(self, address: str):
         self.address = address
+        self.outflow: Optional[Outflow] = None  # the loop's stream writes in flight (set by connect)
         self.ctx = zmq.asyncio.Context()
         self.sock: Optional[zmq.asyncio.Socket] = None
         self.jobs: dict[int, Job | EmbedJob] = {}  # in the core, until their terminal event
@@ -56,6 +62,8 @@ class CoreLink:
     async def connect(self) -> wire.Ready:
         """(Re)connect to the core at `address` and wait for its Ready (it binds once its models are warm)."""
         self._close_socket()
+        self._loop, self._loop_thread = asyncio.get_running_loop(), threading.get_ident()
+        self.outflow = outflow_for(self._loop)
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.IDENTITY, identity(os.getpid()))  # the primary names a dead frontend by it
@@ -130,6 +138,9 @@ class CoreLink:
                             wire.params_out(job.params), job.max_len, job.scores, job.stream, job.forced, job.prefix)
 
     def _cancel(self, job: Job | EmbedJob) -> None:
+        if threading.get_ident() != self._loop_thread:  # the socket is the loop's alone
+            self._loop.call_soon_threadsafe(self._cancel, job)
+            return
         if self.up and job.id in self.jobs and self.sock is not None:
             self.sock.send(wire.encode(wire.Cancel([job.id])))
 
@@ -164,7 +175,9 @@ class CoreLink:
             msg = wire.to_frontend(await sock.recv(copy=True))
             if isinstance(msg, wire.Events):
                 self._deliver(msg.items)
-                await sock.send(wire.encode(wire.Taken()))
+                # Ask for more once this loop has written what it was given (the relay's drain and the
+                # streams' writes run first), or after MAX_HOLD_S at the latest.
+                asyncio.get_running_loop().call_soon(self._ack_when_written, sock)
             elif isinstance(msg, wire.Ready):
                 if self.ready is not None and not self.ready.done():
                     self.ready.set_result(msg)
@@ -176,6 +189,16 @@ class CoreLink:
                     future.set_exception(error_of(msg.code, msg.message))
                 else:
                     future.set_result(msg.text if isinstance(msg, wire.MetricsText) else None)
+
+    def _ack_when_written(self, sock: zmq.asyncio.Socket) -> None:
+        sent = []
+
+        def ack() -> None:
+            if not sent and sock is self.sock:
+                sent.append(True)
+                sock.send(wire.encode(wire.Taken()))
+        asyncio.get_running_loop().call_later(MAX_HOLD_S, ack)
+        self.outflow.when_empty(ack)
 
     def _deliver(self, items: list[wire.Event]) -> None:
         jobs = self.jobs

@@ -69,6 +69,10 @@ class Outbox:
         self.items: list[wire.Event] = []
         self.tokens_at: dict[int, int] = {}  # job id -> index of its pending Tokens item (merged into)
         self.credit = True  # the frontend took the previous Events message
+        # A job's first tokens and its end go out at once, credit or not: back-pressure merges the
+        # tokens in between, never delays a stream's first token (TTFT) or a unary call's answer.
+        self.urgent = False
+        self.started: set[int] = set()  # jobs whose first tokens were sent
         self.jobs: dict[int, Job | EmbedJob] = {}  # its jobs in the core, until their terminal event
 
     def post(self, item: wire.Event) -> None:
@@ -79,9 +83,14 @@ class Outbox:
                     self.items[at].token_ids.extend(item.token_ids)
                     return
                 self.tokens_at[item.id] = len(self.items)
+                if item.id not in self.started:
+                    self.started.add(item.id)
+                    self.urgent = True
             else:
                 self.jobs.pop(item.id, None)
                 self.tokens_at.pop(item.id, None)  # the job's tokens before this item stay before it
+                self.started.discard(item.id)
+                self.urgent = True
             self.items.append(item)
         if not relay.defer_wake(self):  # the engine thread wakes the main thread once per step
             self._wake()
@@ -91,7 +100,7 @@ class Outbox:
 
     def take(self) -> list[wire.Event]:
         with self.lock:
-            items, self.items, self.tokens_at = self.items, [], {}
+            items, self.items, self.tokens_at, self.urgent = self.items, [], {}, False
         return items
 
 
@@ -178,7 +187,7 @@ class Core:
         self.sock.send_multipart([identity, wire.encode(msg)], copy=False)
 
     def _send_events(self, box: Outbox, force: bool = False) -> None:
-        if not (box.credit or force):
+        if not (box.credit or box.urgent or force):
             return  # the frontend is behind: keep collecting (its streams' tokens merge)
         items = box.take()
         if items:

@@ -95,11 +95,17 @@ class Security:
                       len(self.keys.table), note)
         return ok
 
-    def watch_reload_signal(self, loop: asyncio.AbstractEventLoop) -> None:
-        """SIGHUP reloads the key file. Signals reach only the main thread's loop: a server run in
-        another thread (the tests' ServerThread) calls reload() directly instead."""
+    def watch_reload_signal(self, loop: asyncio.AbstractEventLoop, also=None) -> None:
+        """SIGHUP reloads the key file; `also()` runs after (the primary frontend passes it on to the
+        other frontend processes, --frontends). Signals reach only the main thread's loop: a server run
+        in another thread (the tests' ServerThread) calls reload() directly instead."""
         if self.keys is None or not hasattr(signal, "SIGHUP"):
             return
         if threading.current_thread() is not threading.main_thread():
             return
-        loop.add_signal_handler(signal.SIGHUP, self.reload)
+
+        def reload() -> None:
+            self.reload()
+            if also is not None:
+                also()
+        loop.add_signal_handler(signal.SIGHUP, reload)

@@ -1,0 +1,104 @@
+"""The engine core's messages and its per-frontend outbox, without processes: every message kind
+round-trips through msgspec; DecodingParams survive the wire; a stream's tokens merge while the
+frontend has not taken the previous message, but a job's first tokens and its end go out at once;
+events of a job keep their order; a Forget-style drop leaves no job behind."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from server import relay
+from server.enginecore import protocol as wire
+from server.enginecore.link import error_of
+from server.enginecore.process import Outbox, to_wire
+from server.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, ServiceError, Unavailable
+from server.request import DecodingParams, ErrorEvent, FinishEvent, FinishReason, Hypothesis, Timing, TokenEvent
+
+
+def test_every_message_round_trips():
+    params = wire.params_out(DecodingParams(beam_size=4, temperature=0.0, seed=7, target_prefix="Ein",
+                                            repetition_penalty=1.2, no_repeat_ngram_size=3, alternatives=0))
+    spec = wire.JobSpec(5, "translate", "m", [1, 2, 3], 12.5, 99.0, params, 40, True, False, (7,), (8, 9))
+    messages = [wire.Hello(), wire.Submit(1, "m", [spec]), wire.Cancel([5]), wire.Taken(), wire.AskMetrics(2),
+                wire.Forget(b"frontend-1"), wire.Stop(3.0)]
+    for msg in messages:
+        assert wire.to_core(wire.encode(msg)) == msg
+    events = wire.Events([wire.Tokens(5, [4, 5]), wire.Finished(5, [([4, 5, 2], -1.5, True)], "eos", 3,
+                                                                  (1.0, 2.0, 3.0, 2.5)),
+                          wire.Failed(6, "DEADLINE_EXCEEDED", "late"), wire.Embedded(7, b"\0\0\0\0")])
+    for msg in [wire.Ready([wire.ModelFacts("m", "CPUExecutionProvider", 64)], 123), wire.Accepted(1),
+                wire.Refused(1, "RESOURCE_EXHAUSTED", "full"), events, wire.MetricsText(2, "# text")]:
+        assert wire.to_frontend(wire.encode(msg)) == msg
+
+
+def test_decoding_params_survive_the_wire():
+    p = DecodingParams(beam_size=3, length_penalty=0.6, temperature=0.7, top_k=5, top_p=0.9, seed=None,
+                       max_output_tokens=20, num_hypotheses=2, repetition_penalty=1.3, no_repeat_ngram_size=2,
+                       min_output_tokens=4, no_unknown_token=True, target_prefix="Der", alternatives=0)
+    assert wire.params_in(wire.to_core(wire.encode(wire.Submit(1, "m", [wire.JobSpec(
+        1, "translate", "m", [1], 0.0, None, wire.params_out(p))]))).jobs[0].params) == p
+
+
+@pytest.mark.parametrize("kind", [InvalidArgument, ResourceExhausted, Unavailable, DeadlineExceeded])
+def test_error_kinds_come_back_as_themselves(kind):
+    error = error_of(kind.code, "why")
+    assert type(error) is kind and str(error) == "why"
+    assert type(error_of("NO_SUCH_CODE", "x")) is ServiceError
+
+
+def test_engine_events_become_wire_items():
+    timing = Timing(arrival=1.0, scheduled=1.5, first_token=2.0, finished=3.0, last_token=2.9)
+    finished = to_wire(4, FinishEvent([Hypothesis([np.int64(5), 2], -0.5, True)], FinishReason.LENGTH, 7, timing))
+    assert finished == wire.Finished(4, [([5, 2], -0.5, True)], "length", 7, (1.5, 2.0, 3.0, 2.9))
+    assert to_wire(4, TokenEvent([3])) == wire.Tokens(4, [3])
+    assert to_wire(4, ErrorEvent(DeadlineExceeded("late"))) == wire.Failed(4, "DEADLINE_EXCEEDED", "late")
+    assert to_wire(4, RuntimeError("bug")) == wire.Failed(4, "INTERNAL", "bug")
+    vector = to_wire(4, np.array([1.0, 2.0], dtype=np.float64))
+    assert np.frombuffer(vector.vector, dtype=np.float32).tolist() == [1.0, 2.0]
+
+
+@pytest.fixture
+def outbox():
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    box = Outbox(b"frontend-1", w)
+    yield box
+    os.close(r)
+    os.close(w)
+
+
+def test_tokens_merge_until_taken_and_first_tokens_and_ends_are_urgent(outbox):
+    outbox.post(wire.Tokens(1, [10]))
+    assert outbox.urgent  # a first token: sent whatever the credit
+    assert outbox.take() == [wire.Tokens(1, [10])] and not outbox.urgent
+    for t in (11, 12, 13):  # the frontend is behind: the same stream's tokens merge into one item
+        outbox.post(wire.Tokens(1, [t]))
+    outbox.post(wire.Tokens(2, [20]))  # another job's first token: urgent again, its own item
+    assert outbox.urgent
+    outbox.post(wire.Failed(1, "CANCELLED", "gone"))  # an end comes after the job's tokens
+    outbox.post(wire.Tokens(2, [21]))
+    assert outbox.take() == [wire.Tokens(1, [11, 12, 13]), wire.Tokens(2, [20, 21]), wire.Failed(1, "CANCELLED", "gone")]
+    outbox.post(wire.Tokens(2, [22]))  # not a first token any more, nothing ended: not urgent
+    assert not outbox.urgent
+
+
+def test_an_engine_thread_wakes_the_socket_thread_once_per_step(outbox):
+    woken = []
+    outbox._wake = lambda: woken.append(1)
+    relay.hold_wakeups()  # as the engine loop does
+    try:
+        for t in range(5):
+            outbox.post(wire.Tokens(1, [t]))
+        assert woken == []
+        relay.flush()
+        assert woken == [1]
+    finally:
+        relay._thread.held = None
+
+
+def test_terminal_items_release_the_job(outbox):
+    outbox.jobs[3] = object()
+    outbox.post(wire.Finished(3, [([2], 0.0, True)], "eos", 1, (None, None, None, None)))
+    assert 3 not in outbox.jobs

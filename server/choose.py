@@ -104,17 +104,27 @@ class RowHistory:
     def __init__(self, tokens: list[int], n: int):
         self.tokens: list[int] = []
         self.seen: set[int] = set()
-        self.distinct: list[int] = []  # the seen tokens, in order (read by the step, never copied)
+        # The seen tokens in order, in a numpy buffer grown by doubling: the step reads every row's as a
+        # view and joins them with one np.concatenate (4x cheaper than from 256 Python lists).
+        self._distinct = np.empty(16, np.int64)
+        self._count = 0
         self.n = n
         self.follows: dict[tuple, list[int]] = {}
         for t in tokens:
             self.append(t)
 
+    @property
+    def distinct(self) -> np.ndarray:
+        return self._distinct[:self._count]
+
     def append(self, token: int) -> None:
         self.tokens.append(token)
         if token not in self.seen:
             self.seen.add(token)
-            self.distinct.append(token)
+            if self._count == len(self._distinct):
+                self._distinct = np.concatenate([self._distinct, np.empty_like(self._distinct)])
+            self._distinct[self._count] = token
+            self._count += 1
         n = self.n
         if n and len(self.tokens) >= n:
             self.follows.setdefault(tuple(self.tokens[len(self.tokens) - n:-1]), []).append(token)
@@ -197,14 +207,16 @@ class TokenChooser:
         x[at[j]] holds the scores of slot rows[j]; changed in place (and returned)."""
         # One gather/scatter over every (row, token) pair, not one per row; rows picked with masks
         # (a numpy scalar read per row costs more than the arithmetic).
-        pen = c.penalty[rows] != 1.0
-        sel = [(a, seen, f) for a, seen, f in zip(at[pen].tolist(), map(c.seen.get, rows[pen].tolist()),
-                                                  c.penalty[rows[pen]].tolist()) if seen]
-        if sel:
-            where, cols = _pairs([(a, seen) for a, seen, _ in sel])
-            factor = np.repeat([f for _, _, f in sel], [len(seen) for _, seen, _ in sel])
-            v = x[where, cols]
-            x[where, cols] = np.where(v < 0, v * factor, v / factor)
+        pen = np.flatnonzero(c.penalty[rows] != 1.0)
+        if len(pen):
+            seen = [np.asarray(c.seen.get(slot, ()), np.int64) for slot in rows[pen].tolist()]
+            lengths = np.fromiter(map(len, seen), np.int64, len(seen))
+            if lengths.any():
+                where = np.repeat(at[pen], lengths)
+                cols = np.concatenate(seen)
+                factor = np.repeat(c.penalty[rows[pen]], lengths)
+                v = x[where, cols]
+                x[where, cols] = np.where(v < 0, v * factor, v / factor)
         ngram = c.no_repeat[rows] > 0
         pairs = [(a, b) for a, b in zip(at[ngram].tolist(), map(c.banned.get, rows[ngram].tolist())) if b]
         if pairs:

@@ -171,7 +171,7 @@ def test_row_history_bans_what_a_rescan_of_the_history_bans():
         h = RowHistory(tokens[:3], n)
         for k in range(3, 40):
             assert sorted(h.banned()) == sorted(banned_ngrams(h.tokens, n) if n else [])
-            assert h.distinct == list(dict.fromkeys(h.tokens))
+            assert h.distinct.tolist() == list(dict.fromkeys(h.tokens))
             h.append(tokens[k])
 
 

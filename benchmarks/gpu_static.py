@@ -64,20 +64,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32, 128, 256])
     p.add_argument("--cpu-batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 32])
+    p.add_argument("--runs", type=lambda s: [tuple(x.split(":")) for x in s.split(",")],
+                   default=[("cpu", "fp32"), ("cuda", "fp32"), ("cuda", "fp16")],
+                   help="provider:variant cells, the first is the reference (cpu:fp32 alone checks the plumbing "
+                        "on a machine without a GPU)")
     p.add_argument("--out", default=str(ROOT / "docs/benchmarks/gpu_static.md"))
     args = p.parse_args(argv)
 
     import onnxruntime as ort
 
+    from models.core import static_decode
     from models.core.bundle import load_bundle
     from models.core.runtime import OnnxModel, RuntimeOptions
-    from models.core.tokenizer import SubwordTokenizer
-    from models.data import normalize
-    from server import static_decode
+    from models.core.tokenizer import load_tokenizer, normalize
 
     work = Path(tempfile.mkdtemp())
-    bundle = load_bundle(with_fp16(Path(args.bundle), work))
-    tok = SubwordTokenizer.load(bundle.tokenizer_file)
+    fp16 = any(variant == "fp16" for _, variant in args.runs)
+    bundle = load_bundle(with_fp16(Path(args.bundle), work) if fp16 else Path(args.bundle))
+    tok = load_tokenizer(bundle.tokenizer_entry, bundle.path)
     lines = Path(args.src_file).read_text(encoding="utf-8").splitlines()
     texts = [lines[i % len(lines)] for i in range(args.sentences)]
     ids = [tok.encode(normalize(t)) for t in texts]
@@ -92,8 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     cells: list[dict] = []
     reference = None
-    for provider, variant, batches in [("cpu", "fp32", args.cpu_batch_sizes), ("cuda", "fp32", args.batch_sizes),
-                                       ("cuda", "fp16", args.batch_sizes)]:
+    for provider, variant, batches in [(pv, v, args.cpu_batch_sizes if pv == "cpu" else args.batch_sizes)
+                                       for pv, v in args.runs]:
         model = OnnxModel(bundle, RuntimeOptions(provider=provider, variant=variant))
         _, free = run(model, 32, forced=False)
         if reference is None:

@@ -37,7 +37,8 @@ def server_flags(args) -> list[str]:
             "--max-queue-size", "1024", "--intra-op-threads", str(args.threads),
             "--stream-interval", str(args.stream_interval), "--provider", args.provider, "--variant", args.variant,
             "--decoder", args.decoder, "--engine-core", args.engine_core,
-            *(["--frontends", str(args.frontends)] if args.engine_core == "process" else [])]
+            *(["--frontends", str(args.frontends)] if args.engine_core == "process" else []),
+            *args.server_flags.split()]
 
 
 def component_costs(runtime, tok, texts: Sequence[str], out_len: float) -> dict:
@@ -343,6 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="server decoder graph (see python -m server --help)")
     p.add_argument("--stream-intervals", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4],
                    help="server --stream-interval values to compare; the first is the main table")
+    p.add_argument("--server-flags", default="", help="more `python -m server` flags for every server, one string")
     p.add_argument("--frontends", type=int, default=1, help="server --frontends (with --engine-cores process)")
     p.add_argument("--connections", type=int, default=1, help="client TCP connections, requests spread over them")
     p.add_argument("--engine-cores", type=lambda s: s.split(","), default=["thread"],

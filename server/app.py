@@ -215,6 +215,8 @@ class TranslationServer:
         in-flight work finish within the grace period. A second call while in lame duck cuts it short."""
         if self._stopped.is_set():
             self._hurry.set()
+            if self.frontends is not None:  # the other frontends cut their lame duck short too
+                await self.frontends.send_stop()
             return
         self._stopped.set()
         grace = self.cfg.grace_period_s if grace is None else grace

@@ -41,7 +41,12 @@ async def serve(cfg: ServerConfig, core: str, control: str, parent: int) -> int:
     await sock.send(wire.encode(wire.Ready([], os.getpid())))
     loop, stop = asyncio.get_running_loop(), asyncio.Event()
     orphaned: list[bool] = []
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
+
+    def stop_or_hurry() -> None:  # a second request cuts the lame duck short, as in the primary
+        if stop.is_set():
+            asyncio.ensure_future(app.stop())
+        stop.set()
+    loop.add_signal_handler(signal.SIGTERM, stop_or_hurry)
 
     async def control_channel() -> None:
         while True:
@@ -49,7 +54,7 @@ async def serve(cfg: ServerConfig, core: str, control: str, parent: int) -> int:
             if isinstance(msg, wire.AskMetrics):
                 await sock.send(wire.encode(wire.MetricsText(msg.ticket, generate_latest(app.metrics.registry).decode())))
             elif isinstance(msg, wire.Stop):  # the primary's shutdown: the same lame duck and drain here
-                stop.set()
+                stop_or_hurry()
 
     async def parent_alive() -> None:
         while os.getppid() == parent:

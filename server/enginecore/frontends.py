@@ -134,9 +134,19 @@ class FrontendPool:
         self.stopping = True
         for task in self._tasks:
             task.cancel()
+        await self.send_stop()
+
+    async def send_stop(self) -> None:
+        """Stop, to every live extra frontend: the first begins its shutdown, a second cuts its lame duck
+        short (as a second SIGTERM does to the primary)."""
         for proc in self.procs.values():
-            if proc.poll() is None:
+            if proc.poll() is not None:
+                continue
+            serving = self.hello.get(identity(proc.pid))
+            if serving is not None and serving.done():
                 await self.sock.send_multipart([identity(proc.pid), wire.encode(wire.Stop(0.0))])
+            else:  # still starting: not on the control channel yet, and no calls of its own to drain
+                proc.terminate()
 
     async def stop(self, grace: float) -> None:
         """Wait (up to `grace` + 10 s) for every extra frontend to drain its own calls and exit."""

@@ -155,3 +155,36 @@ def test_frontends_need_the_core_process(flags):
     from server.config import ServerConfig
     problems = ServerConfig(**flags).problems()
     assert any("--frontends" in p for p in problems), problems
+
+
+def test_lame_duck_reaches_every_frontend_and_the_core_keeps_serving():
+    import asyncio
+
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from tests.serving import ServerThread
+    srv = ServerThread(engine_core="process", frontends=2, lame_duck_s=60).start()
+    stopping = None
+    try:
+        (extra,) = srv.app.frontends.pids
+        me, port = os.getpid(), srv.app.port
+        held = connections_by_holder(srv.target, port, [me, extra], {me, extra})
+        channels = {pid: held[pid][0][0] for pid in (me, extra)}
+
+        def health(pid: int) -> str:
+            reply = health_pb2_grpc.HealthStub(channels[pid]).Check(health_pb2.HealthCheckRequest(), timeout=10)
+            return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+        assert health(me) == health(extra) == "SERVING"
+        stopping = asyncio.run_coroutine_threadsafe(srv.app.stop(5.0), srv.loop)
+        assert wait_for(lambda: health(me) == health(extra) == "NOT_SERVING")  # both out of rotation
+        for pid in (me, extra):  # ... and both still serve new work through the core: lame duck
+            reply = pb_grpc.TranslatorStub(channels[pid]).Translate(pb.TranslateRequest(texts=["A dog."]), timeout=60)
+            assert reply.translations[0].hypotheses[0].text
+    finally:
+        if stopping is not None:
+            asyncio.run_coroutine_threadsafe(srv.app.stop(), srv.loop).result(30)  # a second stop ends it here
+            stopping.result(90)
+        srv.loop.call_soon_threadsafe(srv._done.set)
+        srv._thread.join(30)
+    assert wait_for(lambda: not os.path.exists(f"/proc/{extra}") or
+                    "zombie" in Path(f"/proc/{extra}/status").read_text().lower(), timeout=90)

@@ -380,7 +380,7 @@ def test_readiness_follows_the_grpc_health_through_lame_duck():
         if stopping is not None:
             asyncio.run_coroutine_threadsafe(s.app.stop(), s.loop).result(30)  # a second stop ends lame duck
             stopping.result(60)
-        s._done.set()
+        s.loop.call_soon_threadsafe(s._done.set)
         s._thread.join(30)
 
 

@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 from benchmarks.harness import machine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,6 +139,10 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = default)")
     p.add_argument("--forced-length", type=int, default=0,
                    help="every request decodes exactly N tokens (min = max output tokens): equal work across modes")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="measure every mode this many times, the modes' order rotating each round (the machine's "
+                        "drift hits all alike); cells report the median, and the last column each mode's tokens/s "
+                        "over the first mode's, the median of the per-round ratios")
     p.add_argument("--out", default="", help="append a markdown table here")
     args = p.parse_args(argv)
     from models.core.bundle import newest_version
@@ -149,14 +155,26 @@ def main(argv=None) -> int:
                  f"{m['cores']} cores; commit {m['commit']}, "
                  f"{'tiny random model' if args.tiny else path.parent.name + '/' + path.name}", "",
                  "| mode | rows | mean rows | ms/step | in ONNX Runtime | Python | of which update | Python share | "
-                 "tokens/s |", "|---|---|---|---|---|---|---|---|---|"]
+                 "tokens/s | vs first mode |", "|---|---|---|---|---|---|---|---|---|---|"]
+        runs: dict = {}  # (mode, rows) -> one result per round
+        for k in range(args.rounds):
+            for rows in args.rows:
+                order = args.mode[k % len(args.mode):] + args.mode[:k % len(args.mode)]
+                for mode in order:
+                    r = measure(path, rows, args.steps, mode, args.threads, args.forced_length)
+                    runs.setdefault((mode, rows), []).append(r)
+                    print(f"round {k + 1}: {mode} {rows} rows: {r['tokens_per_s']:,.0f} tokens/s, Python "
+                          f"{r['python_ms_per_step']:.2f} ms/step", file=sys.stderr, flush=True)
         for mode in args.mode:
             for rows in args.rows:
-                r = measure(path, rows, args.steps, mode, args.threads, args.forced_length)
-                lines.append(f"| {mode} | {rows} | {r['mean_rows']:.0f} | {r['wall_ms_per_step']:.2f} | "
-                             f"{r['ort_ms_per_step']:.2f} | {r['python_ms_per_step']:.2f} | "
-                             f"{r['update_ms_per_step']:.2f} | {100 * r['python_share']:.0f}% | "
-                             f"{r['tokens_per_s']:,.0f} |")
+                cells = runs[mode, rows]
+                med = {key: float(np.median([c[key] for c in cells])) for key in cells[0] if key != "mode"}
+                base = runs[args.mode[0], rows]
+                ratio = float(np.median([c["tokens_per_s"] / b["tokens_per_s"] for c, b in zip(cells, base)]))
+                lines.append(f"| {mode} | {rows} | {med['mean_rows']:.0f} | {med['wall_ms_per_step']:.2f} | "
+                             f"{med['ort_ms_per_step']:.2f} | {med['python_ms_per_step']:.2f} | "
+                             f"{med['update_ms_per_step']:.2f} | {100 * med['python_share']:.0f}% | "
+                             f"{med['tokens_per_s']:,.0f} | {ratio:.2f} |")
                 print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"
     if args.out:

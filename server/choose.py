@@ -24,7 +24,6 @@ model renormalises). `rank` picks a greedy row's k-th best token (CTranslate2's 
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -61,15 +60,13 @@ class RowControls:
     no_repeat: np.ndarray  # (B,) int64, 0 = off
     ban_unk: np.ndarray  # (B,) bool
     ban_eos: np.ndarray  # (B,) bool
-    seen: dict  # slot -> the distinct tokens of the row's history (repetition penalty)
-    banned: dict  # slot -> tokens that would repeat an n-gram of the row's history
     rank: np.ndarray  # (B,) int64: greedy rows take their rank-th best token (alternatives), 0 = the best
 
     @classmethod
     def greedy(cls, b: int) -> "RowControls":
         return cls(np.full(b, GREEDY, np.int8), np.full(b, -1, np.int64), np.zeros(b, bool), np.ones(b),
                    np.zeros(b, np.int64), np.ones(b), np.zeros(b), np.zeros(b, np.int64), np.ones(b),
-                   np.zeros(b, np.int64), np.zeros(b, bool), np.zeros(b, bool), {}, {}, np.zeros(b, np.int64))
+                   np.zeros(b, np.int64), np.zeros(b, bool), np.zeros(b, bool), np.zeros(b, np.int64))
 
 
 @dataclass
@@ -80,60 +77,28 @@ class Choices:
     beam_logp: np.ndarray  # (B, C) float32: their log-probabilities (-inf past a row's own 2K)
 
 
-def _pairs(per_row: list[tuple[int, list[int]]]) -> tuple[np.ndarray, np.ndarray]:
-    """[(row, tokens)] -> (row index, token index) arrays for one fancy-indexed gather or scatter."""
-    lengths = [len(t) for _, t in per_row]
-    at = np.repeat(np.array([j for j, _ in per_row], np.int64), lengths)
-    cols = np.fromiter(itertools.chain.from_iterable(t for _, t in per_row), np.int64, sum(lengths))
-    return at, cols
-
-
 def _rows(x: np.ndarray, index: np.ndarray) -> np.ndarray:
     """x[index], without the copy when the index is every row in order (the common case: one kind
     of request; a copy of 256 x 58k logits would cost more than the choice)."""
     return x if len(index) == len(x) else x[index]
 
 
-class RowHistory:
-    """A row's history as the controls need it, kept as it grows (O(1) per token): its distinct
-    tokens (repetition penalty) and, per (n - 1)-token prefix, the tokens that followed it (no
-    repeated n-gram), so a step never rescans the whole output. The ban is transformers'
-    NoRepeatNGram rule: tokens that would complete an n-gram already in the history, nothing
-    before the history is n - 1 tokens long."""
-
-    def __init__(self, tokens: list[int], n: int):
-        self.tokens: list[int] = []
-        self.seen: set[int] = set()
-        # The seen tokens in order, in a numpy buffer grown by doubling: the step reads every row's as a
-        # view and joins them with one np.concatenate (4x cheaper than from 256 Python lists).
-        self._distinct = np.empty(16, np.int64)
-        self._count = 0
-        self.n = n
-        self.follows: dict[tuple, list[int]] = {}
-        for t in tokens:
-            self.append(t)
-
-    @property
-    def distinct(self) -> np.ndarray:
-        return self._distinct[:self._count]
-
-    def append(self, token: int) -> None:
-        self.tokens.append(token)
-        if token not in self.seen:
-            self.seen.add(token)
-            if self._count == len(self._distinct):
-                self._distinct = np.concatenate([self._distinct, np.empty_like(self._distinct)])
-            self._distinct[self._count] = token
-            self._count += 1
-        n = self.n
-        if n and len(self.tokens) >= n:
-            self.follows.setdefault(tuple(self.tokens[len(self.tokens) - n:-1]), []).append(token)
-
-    def banned(self) -> list[int]:
-        n, length = self.n, len(self.tokens)
-        if not n or length + 1 < n:
-            return []
-        return self.follows.get(tuple(self.tokens[length - n + 1:]) if n > 1 else (), [])
+def ngram_bans(history: np.ndarray, lengths: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """transformers' NoRepeatNGramLogitsProcessor over many rows at once: (row index, token) pairs of
+    every token that would complete an n-gram already in the row's history. history (R, T) holds each
+    row's tokens in its first lengths[r] positions; nothing is banned before a row has n tokens. One
+    comparison of (R, windows) per token of the prefix, instead of a Python dict per row."""
+    t = int(lengths.max()) if len(lengths) else 0
+    windows = t - n + 1
+    if windows <= 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    h = history[:, :t]
+    match = np.arange(windows)[None, :] <= (lengths - n)[:, None]  # the n-gram at j lies in the history
+    for k in range(n - 1):  # ... and its first n - 1 tokens are the row's last n - 1
+        last = np.take_along_axis(h, np.maximum(lengths - n + 1 + k, 0)[:, None], axis=1)
+        match &= h[:, k:k + windows] == last
+    r, j = np.nonzero(match)
+    return r, h[r, j + n - 1]
 
 
 class TokenChooser:
@@ -145,8 +110,12 @@ class TokenChooser:
         # or against the full vocabulary's normaliser (its processors applied after log_softmax).
         self.renormalize = renormalize
 
-    def choose(self, logits: np.ndarray, c: RowControls) -> Choices:
-        """logits (B, V), this step's buffer: suppressed ids are set to -inf in place."""
+    def choose(self, logits: np.ndarray, c: RowControls, history: Optional[np.ndarray] = None,
+               lengths: Optional[np.ndarray] = None) -> Choices:
+        """logits (B, V), this step's buffer: suppressed ids are set to -inf in place. history (>= B, T) and
+        lengths (>= B,): each row's tokens so far (start, forced, output: what the step has fed it), by
+        slot, which the repetition penalty and the n-gram ban read (the slot cache keeps them)."""
+        self._history, self._lengths = history, lengths
         b, vocab = logits.shape
         token = np.zeros(b, np.int64)
         logprob = np.zeros(b, np.float32)
@@ -207,20 +176,24 @@ class TokenChooser:
         x[at[j]] holds the scores of slot rows[j]; changed in place (and returned)."""
         # One gather/scatter over every (row, token) pair, not one per row; rows picked with masks
         # (a numpy scalar read per row costs more than the arithmetic).
+        history, lengths = self._history, self._lengths
         pen = np.flatnonzero(c.penalty[rows] != 1.0)
-        if len(pen):
-            seen = [np.asarray(c.seen.get(slot, ()), np.int64) for slot in rows[pen].tolist()]
-            lengths = np.fromiter(map(len, seen), np.int64, len(seen))
-            if lengths.any():
-                where = np.repeat(at[pen], lengths)
-                cols = np.concatenate(seen)
-                factor = np.repeat(c.penalty[rows[pen]], lengths)
-                v = x[where, cols]
-                x[where, cols] = np.where(v < 0, v * factor, v / factor)
-        ngram = c.no_repeat[rows] > 0
-        pairs = [(a, b) for a, b in zip(at[ngram].tolist(), map(c.banned.get, rows[ngram].tolist())) if b]
-        if pairs:
-            x[_pairs(pairs)] = -np.inf
+        if len(pen) and history is not None:
+            # Every token of each row's history, repeats included: gathered once, written back once per
+            # position, so a repeated token is penalised once (as transformers' gather/scatter does).
+            slots = rows[pen]
+            n = lengths[slots]
+            t = int(n.max())
+            cols = history[slots, :t][np.arange(t)[None, :] < n[:, None]]
+            where = np.repeat(at[pen], n)
+            factor = np.repeat(c.penalty[slots], n)
+            v = x[where, cols]
+            x[where, cols] = np.where(v < 0, v * factor, v / factor)
+        sizes = c.no_repeat[rows]
+        for n in np.unique(sizes[sizes > 0]) if history is not None else ():
+            group = np.flatnonzero(sizes == n)
+            r, tokens = ngram_bans(history[rows[group]], lengths[rows[group]], int(n))
+            x[at[group][r], tokens] = -np.inf
         if self.unk_id is not None:
             x[at[c.ban_unk[rows]], self.unk_id] = -np.inf
         x[at[c.ban_eos[rows]], self.eos_id] = -np.inf

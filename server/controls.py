@@ -4,12 +4,12 @@ The scheduler's per-request state (server/scheduler.py's `Running`) becomes one 
 (server/choose.py) in slot order: the kind of choice, a sampling row's settings and its own draw
 from its seeded generator (one per step, so a request samples the same in any batch), a forced
 token (a language token, a target prefix, EOS at the length limit), whether the log-probability
-is read, a beam's width, an alternative's rank, and the decoding controls with the history they
-read. Plain greedy requests (`Running.plain`) cost nothing here: the defaults are theirs.
+is read, a beam's width, an alternative's rank, and the decoding controls' settings (the histories
+they read are the slot cache's: each row's inputs so far). Plain greedy requests (`Running.plain`) cost nothing here: the defaults are theirs.
 """
 from __future__ import annotations
 
-from server.choose import BEAM, SAMPLE, RowControls, RowHistory
+from server.choose import BEAM, SAMPLE, RowControls
 from server.request import GenerationRules
 
 
@@ -32,11 +32,10 @@ def step_controls(running: list, rows: int, rules: GenerationRules) -> RowContro
                 c.forced[slots] = (job.forced + job.prefix)[state.step]
             elif force_eos and state.step == job.max_len - 1 + n_forced:
                 c.forced[slots] = eos_id
-            if p.controlled:  # beams reorder every step: their histories are read whole
-                needs_history = p.repetition_penalty != 1.0 or p.no_repeat_ngram_size
-                _control(c, ctl, slots, p, state.step - n_forced - n_prefix,
-                              [RowHistory([rules.start_id, *h], p.no_repeat_ngram_size)
-                               for h in state.beam.history] if needs_history else [])
+            if p.controlled:  # the histories are the slot cache's (each row's inputs so far)
+                row = (p.repetition_penalty, p.no_repeat_ngram_size, p.no_unknown_token,
+                       state.step - n_forced - n_prefix < p.min_output_tokens)
+                ctl.extend((slot, *row) for slot in slots)
             continue
         for i, live in enumerate(state.live):
             if not live:
@@ -47,15 +46,9 @@ def step_controls(running: list, rows: int, rules: GenerationRules) -> RowContro
                 continue
             c.scored[slot] = state.scored
             produced = len(state.tokens[i]) - len(job.prefix)  # generated after the target prefix
-            if p.controlled:  # inline (a call per row showed in the profile at 256 rows)
+            if p.controlled:
                 ctl.append((slot, p.repetition_penalty, p.no_repeat_ngram_size, p.no_unknown_token,
                             produced < p.min_output_tokens))
-                if state.histories:
-                    h = state.histories[i]
-                    if p.repetition_penalty != 1.0:
-                        c.seen[slot] = h.distinct
-                    if p.no_repeat_ngram_size:
-                        c.banned[slot] = h.banned()
             if produced < 0:  # the target prefix: forced, and part of the output
                 c.forced[slot] = job.prefix[len(state.tokens[i])]
             elif produced == 0 and p.alternatives:  # the first free position: row i takes the i-th best
@@ -71,15 +64,3 @@ def step_controls(running: list, rows: int, rules: GenerationRules) -> RowContro
         slots = list(slots)
         c.penalty[slots], c.no_repeat[slots], c.ban_unk[slots], c.ban_eos[slots] = penalty, ngram, unk, eos
     return c
-
-def _control(c: RowControls, ctl: list[tuple], slots: list[int], p, produced: int,
-             histories: list[RowHistory]) -> None:
-    """A request's decoding controls for its rows: `produced` output tokens so far (forced ones
-    excluded), each row's history as transformers sees it (start token, forced tokens, output)."""
-    row = (p.repetition_penalty, p.no_repeat_ngram_size, p.no_unknown_token, produced < p.min_output_tokens)
-    ctl.extend((slot, *row) for slot in slots)
-    for slot, h in zip(slots, histories):
-        if p.repetition_penalty != 1.0:
-            c.seen[slot] = h.distinct
-        if p.no_repeat_ngram_size:
-            c.banned[slot] = h.banned()

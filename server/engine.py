@@ -89,7 +89,8 @@ class Engine:
 
     def decode_step(self, controls: RowControls) -> Choices:
         """One step for every running row -> each row's choice; the rows' caches grow by one."""
-        return self.chooser.choose(self.step_logits(), controls)
+        logits = self.step_logits()
+        return self.chooser.choose(logits, controls, self.cache.inputs, self.cache.length)
 
     def step_logits(self) -> np.ndarray:
         """One step for every running row -> logits (B, V), before any choice (parity tests read them)."""
@@ -103,7 +104,7 @@ class Engine:
             t0 = time.perf_counter()
             out, new_k, new_v = self.runtime.decode_step(**inputs)
             step_time = time.perf_counter() - t0
-            self.cache.append(new_k, new_v)
+            self.cache.append(new_k, new_v, inputs["tokens"][:, 0])
             logits = out[:, -1]
         self.m.step_time.observe(step_time)
         self.m.decode_batch.observe(b)

@@ -26,7 +26,7 @@ from models.core.kv_cache import Row, SlotCache
 from server.errors import Cancelled, DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable
 from server.metrics import Metrics
 from server.request import EmbedJob, ErrorEvent, FinishEvent, FinishReason, GenerationRules, Hypothesis, Job, TokenEvent
-from server.choose import Choices, RowControls, RowHistory, make_rng
+from server.choose import Choices, RowControls, make_rng
 from server.controls import step_controls
 from server.runaway import RunawayGuard
 
@@ -48,7 +48,6 @@ class Running:
     unsent: list[int] = field(default_factory=list)  # streamed tokens held for the next TokenEvent
     step: int = 0
     plain: bool = False  # greedy, unscored, nothing forced: the engine's default choice, no controls to set
-    histories: list = field(default_factory=list)  # per hypothesis, non-beam rows with a penalty / n-gram ban
     scored: bool = False  # track log-probabilities: asked for, or needed to rank several hypotheses
 
     def __post_init__(self) -> None:
@@ -167,9 +166,6 @@ class Scheduler:
             state.live, state.ended_by_eos, state.guarded = [True] * n, [False] * n, [False] * n
             state.kept = [0] * n
             state.rngs = [make_rng(p.seed, i) if p.sampling else None for i in range(n)]
-            if p.repetition_penalty != 1.0 or p.no_repeat_ngram_size:
-                state.histories = [RowHistory([self.rules.start_id, *job.forced], p.no_repeat_ngram_size)
-                                   for _ in range(n)]
         state.plain = state.beam is None and not (p.sampling or state.scored or job.forced or job.prefix
                                                    or p.controlled or self.rules.force_eos_at_limit)
         self.running.append(state)
@@ -214,8 +210,6 @@ class Scheduler:
                 state.live[i], state.ended_by_eos[i] = False, True
             else:
                 state.tokens[i].append(tok)
-                if state.histories:
-                    state.histories[i].append(tok)
                 row.token = tok
                 if i == 0 and job.stream:
                     state.unsent.append(tok)

@@ -74,5 +74,5 @@ class InPlaceStep:
         if binding is None:
             binding = self._bindings[b] = self._bind_rows(b)
         self.session.run_with_iobinding(binding)
-        c.advance()
+        c.advance(self.tokens[:b, 0])
         return self.logits[:b, 0]

@@ -67,6 +67,9 @@ class SlotCache:
         self.src_mask = np.zeros((slots, max_source), dtype=bool)
         self.src_len = np.zeros(slots, dtype=np.int64)
         self.length = np.zeros(slots, dtype=np.int64)
+        # The token each step fed each row, by position: the row's history as the decoding controls read it
+        # (start token, forced tokens, prefix, output), kept per slot, so it moves with the slot's cache.
+        self.inputs = np.zeros((slots, max_target), dtype=np.int64)  # (N, T)
         self.rows: list[Row] = []  # rows[i].slot == i
         # Flat step-input buffers (see the module docstring); views of their heads are the step's inputs.
         self._step = {name: lazy_zeros((a.size,)) for name, a in
@@ -130,6 +133,7 @@ class SlotCache:
         self.cross_v[:, dst, :, :s] = self.cross_v[:, src, :, :s]
         self.src_mask[dst] = self.src_mask[src]
         self.src_len[dst], self.length[dst] = s, n
+        self.inputs[dst, :n] = self.inputs[src, :n]
         self._changes += 1
 
     def reorder(self, rows: list[Row], parents: list[int]) -> None:
@@ -139,6 +143,7 @@ class SlotCache:
         n = int(self.length[slots].max())
         self.k[:, slots, :, :n] = self.k[:, src, :, :n]  # fancy indexing reads before writing
         self.v[:, slots, :, :n] = self.v[:, src, :, :n]
+        self.inputs[slots, :n] = self.inputs[src, :n]
 
     # -- one decode step ------------------------------------------------------
     def _gather(self, name: str, cache: np.ndarray, b: int, n: int) -> np.ndarray:
@@ -176,15 +181,20 @@ class SlotCache:
             "src_mask": np.ascontiguousarray(self.src_mask[:b, :s]),
         }
 
-    def append(self, new_k: np.ndarray, new_v: np.ndarray) -> None:
-        """new_k, new_v (L, B, H, 1, Dh): each row's entry goes at its own position."""
+    def append(self, new_k: np.ndarray, new_v: np.ndarray, tokens: np.ndarray | None = None) -> None:
+        """new_k, new_v (L, B, H, 1, Dh): each row's entry goes at its own position; `tokens` (B,) the
+        step's inputs (recorded in `inputs`)."""
         b = new_k.shape[1]
         slots, pos = np.arange(b), self.length[:b]
         # Advanced indices on axes 1 and 3 put the row axis first: (B, L, H, Dh).
         self.k[:, slots, :, pos] = new_k[:, :, :, 0].transpose(1, 0, 2, 3)
         self.v[:, slots, :, pos] = new_v[:, :, :, 0].transpose(1, 0, 2, 3)
-        self.advance()
+        self.advance(tokens)
 
-    def advance(self) -> None:
-        """Every running row's cache grew by one entry (written by `append` or in place by the graph)."""
-        self.length[:len(self.rows)] += 1
+    def advance(self, tokens: np.ndarray | None = None) -> None:
+        """Every running row's cache grew by one entry (written by `append` or in place by the graph);
+        `tokens` (B,): the inputs the step fed them, recorded at their positions."""
+        b = len(self.rows)
+        if tokens is not None:
+            self.inputs[np.arange(b), self.length[:b]] = tokens
+        self.length[:b] += 1

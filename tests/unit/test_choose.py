@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from models.core.beam import BeamState, log_softmax, logsumexp
-from server.choose import BEAM, GREEDY, SAMPLE, RowControls, RowHistory, TokenChooser
+from server.choose import BEAM, GREEDY, SAMPLE, RowControls, TokenChooser, ngram_bans
 
 pytestmark = pytest.mark.unit  # the fast layer: `make test-fast`
 
@@ -65,8 +65,10 @@ def banned_ngrams(history, n):
 
 
 def mixed_batch(rng, b, controls=False):
+    """Logits, controls and (with controls) each row's history as the slot cache holds it: (B, T), lengths."""
     logits = (rng.standard_normal((b, V)) * rng.uniform(0.5, 4.0, (b, 1))).astype(np.float32)
     c = RowControls.greedy(b)
+    history, lengths = np.zeros((b, 16), np.int64), np.zeros(b, np.int64)
     for i in range(b):
         kind = rng.choice([GREEDY, SAMPLE, SAMPLE, BEAM])
         c.kind[i], c.scored[i] = kind, rng.random() < 0.5
@@ -82,9 +84,9 @@ def mixed_batch(rng, b, controls=False):
         if controls and rng.random() < 0.4:  # decoding controls (checked against transformers elsewhere)
             c.penalty[i], c.no_repeat[i] = rng.choice([1.0, 1.5, 0.7]), rng.choice([0, 1, 2, 3])
             c.ban_unk[i], c.ban_eos[i] = rng.random() < 0.5, rng.random() < 0.5
-            history = RowHistory([int(t) for t in rng.integers(0, 20, rng.integers(0, 12))], int(c.no_repeat[i]))
-            c.seen[i], c.banned[i] = history.distinct, history.banned()
-    return logits, c
+            lengths[i] = rng.integers(0, 12)
+            history[i, :lengths[i]] = rng.integers(0, 20, lengths[i])
+    return (logits, c, history, lengths) if controls else (logits, c)
 
 
 @pytest.mark.parametrize("suppress", [(), (0, 7)])
@@ -154,25 +156,30 @@ def test_controls_ban_and_penalise_what_they_name():
     logits = np.zeros((2, V), np.float32)
     logits[:, 10], logits[:, 11], logits[:, 2], logits[:, 3] = 4.0, -1.0, 9.0, 8.0
     c = RowControls.greedy(2)
-    c.penalty[0], c.seen[0] = 2.0, [1, 10, 11]
+    history, lengths = np.array([[1, 10, 11, 10, 1]] * 2), np.array([5, 0])  # repeats: penalised once
+    c.penalty[0] = 2.0
     c.ban_eos[:], c.ban_unk[:] = True, True
-    out = TokenChooser(eos_id=2, unk_id=3).choose(logits.copy(), c)
+    out = TokenChooser(eos_id=2, unk_id=3).choose(logits.copy(), c, history, lengths)
     assert out.token.tolist() == [10, 10]  # EOS and unk banned; row 0's 10 halved (2.0) still beats 0
     c.penalty[0] = 5.0  # 4.0 / 5 = 0.8 still beats the zeros; 11 (negative) is pushed further down
-    processed = TokenChooser(eos_id=2, unk_id=3)._process(logits[:1].copy(), np.array([0]), np.array([0]), c)
+    chooser = TokenChooser(eos_id=2, unk_id=3)
+    chooser._history, chooser._lengths = history, lengths
+    processed = chooser._process(logits[:1].copy(), np.array([0]), np.array([0]), c)
     assert processed[0, 10] == pytest.approx(0.8) and processed[0, 11] == pytest.approx(-5.0)
     assert np.isneginf(processed[0, [2, 3]]).all()
 
 
-def test_row_history_bans_what_a_rescan_of_the_history_bans():
+def test_ngram_bans_over_rows_equal_a_rescan_of_each_history():
     rng = np.random.default_rng(5)
-    for n in range(0, 5):
-        tokens = [int(t) for t in rng.integers(0, 4, 40)]  # a small alphabet: many repeated n-grams
-        h = RowHistory(tokens[:3], n)
-        for k in range(3, 40):
-            assert sorted(h.banned()) == sorted(banned_ngrams(h.tokens, n) if n else [])
-            assert h.distinct.tolist() == list(dict.fromkeys(h.tokens))
-            h.append(tokens[k])
+    for n in range(1, 5):
+        for _ in range(20):
+            rows = int(rng.integers(1, 9))
+            lengths = rng.integers(0, 40, rows)
+            history = rng.integers(0, 4, (rows, 40))  # a small alphabet: many repeated n-grams
+            r, tokens = ngram_bans(history, lengths, n)
+            for i in range(rows):
+                got = sorted(tokens[r == i].tolist())
+                assert got == sorted(banned_ngrams(history[i, :lengths[i]].tolist(), n)), (n, i)
 
 
 def test_a_forced_beam_step_has_one_continuation():
@@ -185,12 +192,12 @@ def test_a_forced_beam_step_has_one_continuation():
 
 def test_a_row_chooses_the_same_alone_and_in_any_batch():
     rng = np.random.default_rng(3)
-    logits, c = mixed_batch(rng, 32, controls=True)
-    together = TokenChooser((0,), eos_id=2, unk_id=3).choose(logits.copy(), c)
+    logits, c, history, lengths = mixed_batch(rng, 32, controls=True)
+    together = TokenChooser((0,), eos_id=2, unk_id=3).choose(logits.copy(), c, history, lengths)
     for i in range(16):
-        one = RowControls(*(getattr(c, f)[i:i + 1] if f not in ("seen", "banned") else
-                            {0: getattr(c, f)[i]} if i in getattr(c, f) else {} for f in RowControls.__dataclass_fields__))
-        alone = TokenChooser((0,), eos_id=2, unk_id=3).choose(logits[i:i + 1].copy(), one)
+        one = RowControls(*(getattr(c, f)[i:i + 1] for f in RowControls.__dataclass_fields__))
+        alone = TokenChooser((0,), eos_id=2, unk_id=3).choose(logits[i:i + 1].copy(), one, history[i:i + 1],
+                                                              lengths[i:i + 1])
         assert alone.token[0] == together.token[i] and alone.logprob[0] == together.logprob[i]
         if c.kind[i] == BEAM:
             w = 2 * int(c.beam[i])

@@ -38,26 +38,28 @@ class RunawayGuard:
     def check(self, tokens: list[int], source_len: int, start: int = 0) -> tuple[bool, int]:
         """(trips the guard, the repeated tail): checked after every appended token, so it is O(1)
         unless the newest token repeats one n back. The tail is how many of the last tokens repeat,
-        back to back, the n-gram just before them (the longest such run over n <= max_ngram): what
-        a stopped loop loses, keeping one occurrence, and what a stream holds back until the
-        repetition breaks (so a stream never sends what the unary answer would not contain)."""
+        back to back, the token n before each (the longest such run over n <= max_ngram; a partial
+        cycle counts): what a stopped loop loses, keeping one occurrence, and what a stream holds
+        back until the repetition breaks (so a stream never sends what the unary answer would not
+        contain)."""
         if not self.enabled:
             return False, 0
         size = len(tokens) - start
         tripped = size > self.length_ratio * source_len + self.length_slack
         last = tokens[-1] if size > 0 else None
-        end, tail = len(tokens), 0
+        end, first, tail = len(tokens), len(tokens) - size, 0
         for n, k in enumerate(self._repeats, 1):
-            if size < 2 * n or tokens[-1 - n] != last:
+            if size <= n or tokens[-1 - n] != last:
                 continue
-            gram = tokens[end - n:]
-            if tokens[end - 2 * n:end - n] != gram:
-                continue
-            reps = 2
-            while size >= (reps + 1) * n and tokens[end - (reps + 1) * n:end - reps * n] == gram:
-                reps += 1
-            tail = max(tail, (reps - 1) * n)
-            tripped = tripped or reps >= k
+            # How many of the last tokens each repeat the token n before them, back to back: the part of
+            # a period-n loop after its first occurrence, a partial repeat included (so a loop cut mid-
+            # cycle keeps exactly one occurrence, as the beam's cut at its stop does).
+            j = end - 1
+            while j - n >= first and tokens[j] == tokens[j - n]:
+                j -= 1
+            run = end - 1 - j
+            tail = max(tail, run)
+            tripped = tripped or 1 + run // n >= k  # the last n-gram, back to back this many times
         return tripped, tail
 
 

@@ -32,7 +32,7 @@ from models.core.bundle import discover
 from server import relay
 from server.config import ServerConfig
 from server.enginecore import protocol as wire
-from server.errors import Internal, ServiceError
+from server.errors import ServiceError
 from server.hosted import HostedModel
 from server.metrics import Metrics
 from server.observability import logs

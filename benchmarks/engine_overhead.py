@@ -7,7 +7,7 @@ The engine loop is driven by hand (no thread, no gRPC, no asyncio): jobs with lo
 runaway guard off, max_output_tokens large) keep about R rows decoding (finished ones are replaced
 between iterations, outside the timing), and every iteration is timed: "Python per step" is its
 wall time minus the time inside ONNX Runtime's run calls (encoder and decoder), "update" the
-scheduler's bookkeeping after the engine's choice (server/choose.py's time is in "Python"). `--tiny` serves a randomly initialised tiny-preset export instead, whose
+scheduler's bookkeeping after the engine's choice (server/core/choose.py's time is in "Python"). `--tiny` serves a randomly initialised tiny-preset export instead, whose
 graph costs almost nothing: its tokens/s is the serving layer's own ceiling (issue 21's target).
 """
 from __future__ import annotations
@@ -68,7 +68,7 @@ def measure(bundle_path: Path, rows: int, steps: int, mode: str, threads: int, f
     from server.config import ServerConfig
     from server.hosted import HostedModel
     from server.metrics import Metrics
-    from server.request import DecodingParams
+    from server.core.request import DecodingParams
 
     beam = int(mode[4:]) if mode.startswith("beam") else 1
     # "controls": greedy with a repetition penalty and no repeated 3-grams on every request (issue 27's check)
@@ -98,7 +98,7 @@ def measure(bundle_path: Path, rows: int, steps: int, mode: str, threads: int, f
     produced = [0]
 
     def sink(event) -> None:
-        from server.request import FinishEvent
+        from server.core.request import FinishEvent
         if isinstance(event, FinishEvent):
             produced[0] += len(event.hypotheses[0].tokens)
 

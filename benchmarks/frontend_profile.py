@@ -85,7 +85,7 @@ def parse(raw: str) -> list[tuple[str, list[tuple[str, str]], int]]:
 # detection misses these, so they are dropped here rather than charged as CPU.
 IDLE = {("_worker", "concurrent/futures/thread.py"), ("_PollLikeSelector.select", "selectors.py"),
         ("EpollSelector.select", "selectors.py"), ("Condition.wait", "threading.py"), ("Event.wait", "threading.py"),
-        ("Thread.run", "threading.py"), ("Scheduler.wait_for_work", "server/scheduler.py")}
+        ("Thread.run", "threading.py"), ("Scheduler.wait_for_work", "server/core/scheduler.py")}
 
 
 def thread_kind(name: str) -> str:

@@ -1,4 +1,4 @@
-"""Choose and check the runaway guard's bounds (server/runaway.py) on real outputs.
+"""Choose and check the runaway guard's bounds (server/core/runaway.py) on real outputs.
 
     python -m benchmarks.runaway [--bundle model_repository/multi30k-en-de-small/4] \\
         [--ood ../shared/data/tatoeba-fra-eng/fra-eng.tsv] [--out docs/runaway.md]
@@ -27,7 +27,7 @@ from models.core.bundle import load_bundle, newest_version
 from models.core.runtime import OnnxModel, RuntimeOptions
 from models.core.tokenizer import load_tokenizer
 from protos.nmt.v1 import translator_pb2 as pb
-from server.runaway import RunawayGuard, longest_loop
+from server.core.runaway import RunawayGuard, longest_loop
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
@@ -52,7 +52,7 @@ def decode_all(model: OnnxModel, tok, texts: list[str], beam: int) -> list[tuple
 
 def cut_by(guard: RunawayGuard, src: list[int], out: list[int]) -> int:
     """Tokens the server returns (len(out) when the guard never trips): where it trips, the output
-    up to the loop's first occurrence, its repeats dropped (server/scheduler.py's settled length)."""
+    up to the loop's first occurrence, its repeats dropped (server/core/scheduler.py's settled length)."""
     settled = 0
     for t in range(1, len(out) + 1):
         tripped, tail = guard.check(out[:t], len(src))

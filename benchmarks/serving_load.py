@@ -122,7 +122,7 @@ async def inprocess(args, texts) -> dict:
     from server.hosted import HostedModel
     from server.metrics import Metrics
     from server.relay import relay_for
-    from server.request import DecodingParams, ErrorEvent, FinishEvent, TokenEvent
+    from server.core.request import DecodingParams, ErrorEvent, FinishEvent, TokenEvent
     cfg = ServerConfig.from_args(server_flags(args))
     model = HostedModel(discover(args.repository)[0], cfg, Metrics())
     runtime = model.runtime

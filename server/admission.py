@@ -28,11 +28,11 @@ from typing import Callable, Optional
 
 from models.core.tokenizer import normalize
 from server.documents.plan import DocumentOptions, Plan
-from server.errors import InvalidArgument, NotFound, ServiceError, shown
+from server.core.errors import InvalidArgument, NotFound, ServiceError, shown
 from server.hosted import HostedModel
 from server.language_id import Detection, LanguageIdentifier, route
 from server.observability import calls
-from server.request import DecodingParams, EmbedJob, Job
+from server.core.request import DecodingParams, EmbedJob, Job
 from server.security.usage import CharacterUsage
 
 Sink = Callable[[object], None]

@@ -13,9 +13,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from models.core.bundle import discover
 from protos.nmt.v1 import translator_pb2 as pb
 from server.config import ServerConfig
-from server.enginecore.frontends import FrontendPool, frontend_count
-from server.enginecore.supervisor import CoreSupervisor
-from server.errors import Unavailable
+from server.coreprocess.frontends import FrontendPool, frontend_count
+from server.coreprocess.supervisor import CoreSupervisor
+from server.core.errors import Unavailable
 from server.admission import Admission, Limits
 from server.gateway import Gateway
 from server.hosted import HostedModel
@@ -41,7 +41,7 @@ class ConfigError(ValueError):
 class TranslationServer:
     def __init__(self, cfg: ServerConfig, attach: str = ""):
         """`attach`: the address of an engine core another process started (an extra frontend,
-        server/enginecore/frontend.py); this server then starts no core and exports no engine series."""
+        server/coreprocess/frontend.py); this server then starts no core and exports no engine series."""
         self.cfg, self.attach = cfg, attach
         self.metrics = Metrics(engine_here=cfg.engine_core == "thread" and not attach)
         self.models: dict[str, HostedModel] = {}
@@ -138,7 +138,7 @@ class TranslationServer:
 
     async def _start_core(self) -> None:
         """The engine core process loads and warms every model; this process keeps their tokenizers and
-        request checks, and queues through the core's link (server/enginecore/)."""
+        request checks, and queues through the core's link (server/coreprocess/)."""
         t0 = time.perf_counter()
         self.core = CoreSupervisor(self.cfg, self.metrics, on_down=self.health.not_ready, on_up=self._core_back,
                                    attach=self.attach)

@@ -164,7 +164,7 @@ class ServerConfig:
     keepalive_min_ping_interval_ms: int = 10_000  # the client library pings every 30 s by default
     keepalive_permit_without_calls: bool = True
     workers: int = 4  # threads for the handlers' blocking work (validation, tokenisation), off the event loop
-    engine_core: str = "thread"  # thread | process (server/enginecore/)
+    engine_core: str = "thread"  # thread | process (server/coreprocess/)
     frontends: int = 0  # frontend processes over the core (--engine-core process); 0 = one per 4 cores
     watchdog_s: float = 30.0  # no engine step for this long with work waiting: NOT_SERVING, fail requests, exit 3
     warmup: bool = True

@@ -18,14 +18,14 @@ from server.config import ServerConfig
 from server.documents.html import plan_html
 from server.documents.plan import MIME_HTML, DocumentOptions, Plan
 from server.documents.segment import plan_text
-from server.choose import TokenChooser
-from server.engine import Engine
-from server.errors import InvalidArgument, shown
-from server.loop import EngineLoop
+from server.core.choose import TokenChooser
+from server.core.engine import Engine
+from server.core.errors import InvalidArgument, shown
+from server.core.loop import EngineLoop
 from server.metrics import Metrics
-from server.runaway import RunawayGuard
-from server.request import DecodingParams, EmbedJob, ErrorEvent, Event, FinishEvent, GenerationRules, Job
-from server.scheduler import Scheduler
+from server.core.runaway import RunawayGuard
+from server.core.request import DecodingParams, EmbedJob, ErrorEvent, Event, FinishEvent, GenerationRules, Job
+from server.core.scheduler import Scheduler
 
 
 class HostedModel:
@@ -41,7 +41,7 @@ class HostedModel:
         self.capacity, self.provider = cfg.max_batch_size, ""
         self.m = metrics.for_model(self.name)
         # With the engine in a core process (--engine-core process) this process only builds and checks
-        # requests: the core's link queues them (server/enginecore/link.py). Else the engine is here.
+        # requests: the core's link queues them (server/coreprocess/link.py). Else the engine is here.
         self.link = None
         if engine:
             self._build_engine(bundle, cfg, metrics)

@@ -25,7 +25,7 @@ SENTENCE_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
 class Metrics:
-    """`engine_here`: False in a frontend whose engine runs in the core process (server/enginecore/): the
+    """`engine_here`: False in a frontend whose engine runs in the core process (server/coreprocess/): the
     engine's series (ENGINE) are then the core's, read from it at each scrape (`add_core`), and this
     process's copies of them stay unexported."""
 

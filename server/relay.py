@@ -73,7 +73,7 @@ class EventRelay:
 def defer_wake(target) -> bool:
     """On a thread that holds wake-ups (the engine loop), remember `target` for `flush()` and return True;
     elsewhere return False (wake it now). Anything with a `_wake()` method: this relay, or the engine
-    core's per-frontend outbox (server/enginecore/process.py)."""
+    core's per-frontend outbox (server/coreprocess/process.py)."""
     held = getattr(_thread, "held", None)
     if held is None:
         return False
@@ -99,7 +99,7 @@ def flush() -> None:
 class Outflow:
     """Stream events on this loop not yet written to their callers: delivered to a stream and either
     still queued there or in a message whose write has not completed. The engine core's link waits
-    for it to empty before asking the core for more (server/enginecore/link.py): while the frontend
+    for it to empty before asking the core for more (server/coreprocess/link.py): while the frontend
     is busy writing, the core keeps merging tokens, so each stream's next message carries all of
     them (coalescing by back-pressure); an idle frontend empties it at once."""
 

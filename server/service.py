@@ -20,13 +20,13 @@ from protos.nmt.v1 import translator_pb2 as pb
 from protos.nmt.v1 import translator_pb2_grpc as pb_grpc
 from server.documents.assemble import DocumentResult, DocumentStream, assemble
 from server.documents.plan import MIME_PLAIN, SPLIT_NEWLINES, SPLIT_OFF, SPLIT_ON, DocumentOptions
-from server.errors import InvalidArgument, ServiceError, Unavailable, bounded
+from server.core.errors import InvalidArgument, ServiceError, Unavailable, bounded
 from server.admission import Admission, TranslateCall
 from server.hosted import HostedModel
 from server.metrics import Metrics
 from server.observability import calls
 from server.relay import Outflow, outflow_for, relay_for
-from server.request import DecodingParams, ErrorEvent, Event, FinishEvent, FinishReason, TokenEvent
+from server.core.request import DecodingParams, ErrorEvent, Event, FinishEvent, FinishReason, TokenEvent
 from server.wire import Malformed
 
 try:  # raised by grpc when a status or message is sent on a call that is already over

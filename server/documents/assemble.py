@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from models.core.tokenizer import SubwordTokenizer
 from server.detok import IncrementalDetokenizer
 from server.documents.plan import Plan, Unit
-from server.request import FinishEvent, FinishReason, Timing
+from server.core.request import FinishEvent, FinishReason, Timing
 
 # A document's finish reason is the most serious of its sentences'.
 _SEVERITY = [FinishReason.EOS, FinishReason.LENGTH, FinishReason.RUNAWAY, FinishReason.CANCELLED]

@@ -18,7 +18,7 @@ import grpc
 from protos.nmt.v1 import translator_pb2 as pb
 from server.gateway import Caller, CallFailed
 from server.http.edge import Edge
-from server.errors import ServiceError
+from server.core.errors import ServiceError
 from server.language_id import Detection
 
 

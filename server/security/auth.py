@@ -31,7 +31,7 @@ from typing import Callable, Optional
 import grpc
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
-from server.errors import bounded, shown
+from server.core.errors import bounded, shown
 from server.security.keys import ApiKey, KeyStore
 from server.security.ratelimit import Cost, RateLimiter, Refusal, estimate, reported
 from server.wire import Malformed

@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from typing import Optional
 
-from server.errors import ServiceError
+from server.core.errors import ServiceError
 
 QUOTA_REASON = "the character quota of API key"  # the start of the refusal's message (the DeepL edge reads it)
 

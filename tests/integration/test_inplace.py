@@ -17,8 +17,8 @@ from models.core.bundle import load_bundle, newest_version
 from models.core.kv_cache import SlotCache
 from models.core.runtime import OnnxModel, RuntimeOptions
 from models.core.static_decode import pad_batch
-from server.choose import TokenChooser
-from server.engine import Engine
+from server.core.choose import TokenChooser
+from server.core.engine import Engine
 from server.metrics import Metrics
 
 BUNDLE = newest_version(REPOSITORY / "multi30k-en-de-small")

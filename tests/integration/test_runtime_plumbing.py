@@ -140,7 +140,7 @@ print("ok")
 def test_encoder_groups_bound_padding_and_keep_every_text():
     import random
 
-    from server.engine import length_groups
+    from server.core.engine import length_groups
     rng = random.Random(0)
     for _ in range(200):
         lengths = [rng.randint(1, 60) for _ in range(rng.randint(1, 40))]

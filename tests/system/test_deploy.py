@@ -70,8 +70,8 @@ def test_dockerfiles_copy_real_paths_and_agree_with_the_server(dockerfile, compo
 def test_engine_core_imports_no_grpc_or_protobuf():
     """The engine core (request, scheduler, loop, engine, token choice, hosted model) is plain Python
     and numpy: errors are plain kinds that the service edge maps to status codes."""
-    code = ("import sys, server.scheduler, server.controls, server.loop, server.engine, server.choose, server.request, "
-            "server.hosted, server.errors; "
+    code = ("import sys, server.core.scheduler, server.core.controls, server.core.loop, server.core.engine, server.core.choose, server.core.request, "
+            "server.hosted, server.core.errors; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'google')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout

@@ -16,7 +16,7 @@ from protos.nmt.v1 import translator_pb2_grpc as pb_grpc
 from server.documents.html import plan_html
 from server.documents.placeholders import PLACEHOLDER, protect
 from server.documents.segment import cut_to_budget, plan_text, translatable
-from server.runaway import RunawayGuard, longest_loop
+from server.core.runaway import RunawayGuard, longest_loop
 
 TRICKY = [
     "  Dr. Smith arrived at 10.30 a.m. yesterday. He said: \"Hello!\" Then he left...\n\n\tNext paragraph, "

@@ -1,4 +1,4 @@
-"""The engine core in its own process (--engine-core process, server/enginecore/): the same tokens as
+"""The engine core in its own process (--engine-core process, server/coreprocess/): the same tokens as
 the in-process engine on every path, cancellation and deadlines reaching the core, metrics read
 from it, a core killed under load (every call answered UNAVAILABLE, the core restarted, the same
 outputs after), SIGTERM's drain across the split, and no core left behind by a dead frontend.

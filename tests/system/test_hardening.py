@@ -20,8 +20,8 @@ from models.core.kv_cache import SlotCache
 from server.app import ConfigError
 from server.config import ServerConfig
 from server.metrics import Metrics
-from server.request import DecodingParams, Job
-from server.scheduler import Scheduler
+from server.core.request import DecodingParams, Job
+from server.core.scheduler import Scheduler
 
 MODEL = "multi30k-en-de-small"
 
@@ -221,7 +221,7 @@ def test_status_for_a_call_that_ended_meanwhile_is_dropped_quietly(server, clien
     holds the event loop past the deadline (grpc core ends the call meanwhile, but the handler
     cannot be cancelled), the first liveness check is told "live", then the error is raised."""
     from server import service
-    from server.errors import InvalidArgument
+    from server.core.errors import InvalidArgument
     real, calls = service._call_over, []
 
     def live_once(context):

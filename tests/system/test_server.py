@@ -14,7 +14,7 @@ from models.core.runtime import OnnxModel, RuntimeOptions
 from models.core.static_decode import pad_batch
 from protos.nmt.v1 import translator_pb2 as pb
 from protos.nmt.v1 import translator_pb2_grpc as pb_grpc
-from server.request import DecodingParams, ErrorEvent, FinishEvent
+from server.core.request import DecodingParams, ErrorEvent, FinishEvent
 
 
 @pytest.fixture(scope="module")

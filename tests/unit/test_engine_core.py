@@ -18,16 +18,16 @@ import pytest
 
 from models.core.bundle import discover
 from models.core.kv_cache import SlotCache
-from server.choose import TokenChooser
-from server.engine import Engine, length_groups
-from server.errors import Cancelled, DeadlineExceeded, Internal, InvalidArgument, ResourceExhausted, Unavailable
-from server.loop import EngineLoop
+from server.core.choose import TokenChooser
+from server.core.engine import Engine, length_groups
+from server.core.errors import Cancelled, DeadlineExceeded, Internal, InvalidArgument, ResourceExhausted, Unavailable
+from server.core.loop import EngineLoop
 from server.metrics import Metrics
 from server.relay import EventRelay, flush, hold_wakeups
-from server.request import (DecodingParams, EmbedJob, ErrorEvent, FinishEvent, FinishReason, GenerationRules, Job,
+from server.core.request import (DecodingParams, EmbedJob, ErrorEvent, FinishEvent, FinishReason, GenerationRules, Job,
                             TokenEvent)
-from server.runaway import RunawayGuard
-from server.scheduler import Scheduler
+from server.core.runaway import RunawayGuard
+from server.core.scheduler import Scheduler
 from tests.serving import REPOSITORY
 
 pytestmark = pytest.mark.unit

@@ -21,9 +21,9 @@ import time
 
 import pytest
 
-from server.errors import Cancelled, DeadlineExceeded, Internal, Unavailable
+from server.core.errors import Cancelled, DeadlineExceeded, Internal, Unavailable
 from server.relay import EventRelay, relay_for
-from server.request import EmbedJob, ErrorEvent, FinishEvent, FinishReason, TokenEvent
+from server.core.request import EmbedJob, ErrorEvent, FinishEvent, FinishReason, TokenEvent
 from tests.unit.test_engine_core_scripted import Bench, ScriptedRuntime
 
 pytestmark = pytest.mark.unit

@@ -33,15 +33,15 @@ import pytest
 
 from models.core.bundle import ModelSpec
 from models.core.kv_cache import SlotCache, lazy_zeros
-from server.choose import TokenChooser
-from server.engine import Engine
-from server.errors import Cancelled, DeadlineExceeded, ResourceExhausted
-from server.loop import EngineLoop
+from server.core.choose import TokenChooser
+from server.core.engine import Engine
+from server.core.errors import Cancelled, DeadlineExceeded, ResourceExhausted
+from server.core.loop import EngineLoop
 from server.metrics import Metrics
-from server.request import (DecodingParams, EmbedJob, ErrorEvent, FinishEvent, FinishReason, GenerationRules, Job,
+from server.core.request import (DecodingParams, EmbedJob, ErrorEvent, FinishEvent, FinishReason, GenerationRules, Job,
                             Timing, TokenEvent)
-from server.runaway import RunawayGuard
-from server.scheduler import Scheduler
+from server.core.runaway import RunawayGuard
+from server.core.scheduler import Scheduler
 
 pytestmark = pytest.mark.unit
 

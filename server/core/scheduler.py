@@ -8,7 +8,7 @@ Each engine-loop iteration is  schedule() -> engine work -> update():
     step over every running row (old and new together: continuous batching).
   * controls() says what each running row needs this step (greedy, sampling with
     the row's draw, a forced token, a beam width); the engine chooses the tokens
-    (server/choose.py) and returns plain arrays.
+    (server/core/choose.py) and returns plain arrays.
   * update() applies them: beam steps, streamed tokens, finished rows and jobs,
     freed slots. The scheduler never sees logits.
 """
@@ -23,12 +23,12 @@ from typing import Optional
 
 from models.core.beam import BeamState
 from models.core.kv_cache import Row, SlotCache
-from server.errors import Cancelled, DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable
+from server.core.errors import Cancelled, DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable
 from server.metrics import Metrics
-from server.request import EmbedJob, ErrorEvent, FinishEvent, FinishReason, GenerationRules, Hypothesis, Job, TokenEvent
-from server.choose import Choices, RowControls, make_rng
-from server.controls import step_controls
-from server.runaway import RunawayGuard
+from server.core.request import EmbedJob, ErrorEvent, FinishEvent, FinishReason, GenerationRules, Hypothesis, Job, TokenEvent
+from server.core.choose import Choices, RowControls, make_rng
+from server.core.controls import step_controls
+from server.core.runaway import RunawayGuard
 
 
 @dataclass(eq=False)  # identity: `running.remove(state)` must not compare every field of every state
@@ -173,7 +173,7 @@ class Scheduler:
         self.m.running.set(len(self.running))
 
     def controls(self) -> RowControls:
-        """What the engine must do for each running row this step (server/controls.py). No logits here."""
+        """What the engine must do for each running row this step (server/core/controls.py). No logits here."""
         return step_controls(self.running, self.cache.used, self.rules)
 
     def update(self, choices: Choices, now: float) -> None:

@@ -1,5 +1,5 @@
-"""python -m server.enginecore.frontend: an extra frontend process (`--frontends N`), started by the
-primary's FrontendPool (server/enginecore/frontends.py), never by hand.
+"""python -m server.coreprocess.frontend: an extra frontend process (`--frontends N`), started by the
+primary's FrontendPool (server/coreprocess/frontends.py), never by hand.
 
 A whole TranslationServer attached to the running engine core: the same gRPC and HTTP ports
 (SO_REUSEPORT), no metrics port of its own (the primary exports its series), its own link to the
@@ -22,11 +22,11 @@ from prometheus_client import generate_latest
 
 from server.app import TranslationServer
 from server.config import ServerConfig
-from server.enginecore import protocol as wire
-from server.enginecore.link import identity
+from server.coreprocess import protocol as wire
+from server.coreprocess.link import identity
 from server.observability import logs
 
-log = logging.getLogger("server.enginecore")
+log = logging.getLogger("server.coreprocess")
 PARENT_POLL_S = 0.5
 
 
@@ -73,7 +73,7 @@ async def serve(cfg: ServerConfig, core: str, control: str, parent: int) -> int:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(prog="python -m server.enginecore.frontend", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m server.coreprocess.frontend", description=__doc__)
     p.add_argument("--config", required=True, help="the server's settings as JSON (written by the primary)")
     p.add_argument("--core", required=True, help="the engine core's ZeroMQ address")
     p.add_argument("--control", required=True, help="the primary's control address")

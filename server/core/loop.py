@@ -11,9 +11,9 @@ import threading
 import time
 
 from server import relay
-from server.engine import Engine
-from server.errors import Internal, Unavailable
-from server.scheduler import Scheduler
+from server.core.engine import Engine
+from server.core.errors import Internal, Unavailable
+from server.core.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 

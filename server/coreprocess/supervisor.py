@@ -21,12 +21,12 @@ import tempfile
 from typing import Awaitable, Callable, Optional
 
 from server.config import ServerConfig
-from server.enginecore import protocol as wire
-from server.enginecore.link import CoreLink, socket_address
-from server.errors import Unavailable
+from server.coreprocess import protocol as wire
+from server.coreprocess.link import CoreLink, socket_address
+from server.core.errors import Unavailable
 from server.metrics import Metrics
 
-log = logging.getLogger("server.enginecore")
+log = logging.getLogger("server.coreprocess")
 START_TIMEOUT_S = 600.0  # loading and warming every model (an imported NLLB takes a while on CPU)
 RESTART_BACKOFF_S = (0.0, 1.0, 2.0, 5.0, 10.0)  # consecutive failed starts wait longer, up to the last
 
@@ -50,7 +50,7 @@ class CoreSupervisor:
             self.config_file = os.path.join(self.dir, "config.json")
             with open(self.config_file, "w", encoding="utf-8") as f:
                 json.dump(dataclasses.asdict(cfg), f)
-            self.command = [sys.executable, "-m", "server.enginecore", "--config", self.config_file,
+            self.command = [sys.executable, "-m", "server.coreprocess", "--config", self.config_file,
                             "--address", self.link.address, "--parent", str(os.getpid())]
 
     async def start(self) -> wire.Ready:

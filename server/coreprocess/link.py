@@ -26,19 +26,19 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from server.enginecore import protocol as wire
-from server.errors import ServiceError, Unavailable
+from server.coreprocess import protocol as wire
+from server.core.errors import ServiceError, Unavailable
 from server.relay import Outflow, outflow_for
-from server.request import EmbedJob, ErrorEvent, FinishEvent, FinishReason, Hypothesis, Job, TokenEvent
+from server.core.request import EmbedJob, ErrorEvent, FinishEvent, FinishReason, Hypothesis, Job, TokenEvent
 
-log = logging.getLogger("server.enginecore")
+log = logging.getLogger("server.coreprocess")
 # The longest the core's next Events waits for this loop's stream writes: a stream that never completes
 # its write (a client that stopped reading) must not hold back everyone else's tokens for long.
 MAX_HOLD_S = 0.05
 
 
 def error_of(code: str, message: str) -> ServiceError:
-    """A core's error code back as the ServiceError kind that carries it (server/errors.py)."""
+    """A core's error code back as the ServiceError kind that carries it (server/core/errors.py)."""
     kind = next((k for k in ServiceError.__subclasses__() if k.code == code), ServiceError)
     return kind(message)
 

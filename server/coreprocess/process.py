@@ -3,10 +3,10 @@ every model, behind one ZeroMQ ROUTER socket. No grpc, no protobuf, no HTTP.
 
 Why a process of its own (issue 22): in one process the frontend's per-message gRPC work and the
 engine's per-step Python share one interpreter lock, and a native crash in a kernel takes every
-caller's connection with it. Here the frontends (server/enginecore/link.py) keep the callers,
+caller's connection with it. Here the frontends (server/coreprocess/link.py) keep the callers,
 the protobuf, documents and detokenisation; the core keeps the model and the decode loop.
 
-Threads: one engine loop per model (server/loop.py, unchanged), and this process's main thread,
+Threads: one engine loop per model (server/core/loop.py, unchanged), and this process's main thread,
 which owns the socket (ZeroMQ sockets are single-threaded). Engine threads never touch the socket:
 their sinks append to a per-frontend `Outbox` and wake the main thread once per step (through the
 same hold/flush rule as the asyncio relay, server/relay.py). The main thread then sends each
@@ -31,20 +31,20 @@ from prometheus_client import generate_latest
 from models.core.bundle import discover
 from server import relay
 from server.config import ServerConfig
-from server.enginecore import protocol as wire
-from server.errors import ServiceError
+from server.coreprocess import protocol as wire
+from server.core.errors import ServiceError
 from server.hosted import HostedModel
 from server.metrics import Metrics
 from server.observability import logs
-from server.request import EmbedJob, ErrorEvent, FinishEvent, Job, TokenEvent
+from server.core.request import EmbedJob, ErrorEvent, FinishEvent, Job, TokenEvent
 
-log = logging.getLogger("server.enginecore")
+log = logging.getLogger("server.coreprocess")
 POLL_MS = 100  # parent and watchdog checks between messages
 EXIT_STUCK = 3  # the watchdog's exit status: the supervisor restarts the core
 
 
 def to_wire(job_id: int, event) -> wire.Event:
-    """An engine event (server/request.py) as the frontend's wire item."""
+    """An engine event (server/core/request.py) as the frontend's wire item."""
     if isinstance(event, TokenEvent):
         return wire.Tokens(job_id, event.token_ids)
     if isinstance(event, FinishEvent):

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from server import relay
-from server.enginecore import protocol as wire
-from server.enginecore.link import error_of
-from server.enginecore.process import Outbox, to_wire
-from server.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, ServiceError, Unavailable
-from server.request import DecodingParams, ErrorEvent, FinishEvent, FinishReason, Hypothesis, Timing, TokenEvent
+from server.coreprocess import protocol as wire
+from server.coreprocess.link import error_of
+from server.coreprocess.process import Outbox, to_wire
+from server.core.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, ServiceError, Unavailable
+from server.core.request import DecodingParams, ErrorEvent, FinishEvent, FinishReason, Hypothesis, Timing, TokenEvent
 
 
 def test_every_message_round_trips():

@@ -12,7 +12,7 @@ from typing import Optional, Union
 
 import msgspec
 
-from server.request import DecodingParams
+from server.core.request import DecodingParams
 
 
 class Params(msgspec.Struct, array_like=True, frozen=True):
@@ -113,7 +113,7 @@ class Accepted(msgspec.Struct, tag=True, array_like=True):
 
 class Refused(msgspec.Struct, tag=True, array_like=True):
     ticket: int
-    code: str  # a ServiceError kind's code (server/errors.py)
+    code: str  # a ServiceError kind's code (server/core/errors.py)
     message: str
 
 

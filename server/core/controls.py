@@ -1,7 +1,7 @@
 """Scheduler -> engine, once per step: what each running row needs from the token choice.
 
-The scheduler's per-request state (server/scheduler.py's `Running`) becomes one `RowControls`
-(server/choose.py) in slot order: the kind of choice, a sampling row's settings and its own draw
+The scheduler's per-request state (server/core/scheduler.py's `Running`) becomes one `RowControls`
+(server/core/choose.py) in slot order: the kind of choice, a sampling row's settings and its own draw
 from its seeded generator (one per step, so a request samples the same in any batch), a forced
 token (a language token, a target prefix, EOS at the length limit), whether the log-probability
 is read, a beam's width, an alternative's rank, and the decoding controls' settings (the histories
@@ -9,8 +9,8 @@ they read are the slot cache's: each row's inputs so far). Plain greedy requests
 """
 from __future__ import annotations
 
-from server.choose import BEAM, SAMPLE, RowControls
-from server.request import GenerationRules
+from server.core.choose import BEAM, SAMPLE, RowControls
+from server.core.request import GenerationRules
 
 
 def step_controls(running: list, rows: int, rules: GenerationRules) -> RowControls:

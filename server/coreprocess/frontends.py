@@ -5,7 +5,7 @@ Why: a gRPC message costs ~100 us of CPU on the frontend's event loop (docs/benc
 frontend_profile.md), so one Python frontend caps a fast engine (a GPU's) at ~10k messages/s. The
 kernel spreads new connections over the processes listening with SO_REUSEPORT (gRPC sets it on
 Linux; the HTTP port here sets it when N > 1), so N frontends take N cores' worth of per-message
-work. Each frontend is a whole TranslationServer attached to the core (server/enginecore/
+work. Each frontend is a whole TranslationServer attached to the core (server/coreprocess/
 frontend.py): admission, tokenisers, documents, auth, protobuf, its own link to the core.
 
 This module is the primary's side: it starts the N - 1 others, restarts one that dies (its calls are
@@ -25,11 +25,11 @@ import sys
 import zmq
 import zmq.asyncio
 
-from server.enginecore import protocol as wire
-from server.enginecore.link import identity
+from server.coreprocess import protocol as wire
+from server.coreprocess.link import identity
 from server.metrics import Metrics
 
-log = logging.getLogger("server.enginecore")
+log = logging.getLogger("server.coreprocess")
 START_TIMEOUT_S = 120.0
 SCRAPE_TIMEOUT_S = 2.0
 
@@ -43,7 +43,7 @@ class FrontendPool:
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.bind(self.address)
-        self.base = [sys.executable, "-m", "server.enginecore.frontend", "--config", config_file,
+        self.base = [sys.executable, "-m", "server.coreprocess.frontend", "--config", config_file,
                      "--core", core_address, "--control", self.address, "--port", str(port),
                      "--http-port", str(http_port), "--parent", str(os.getpid())]
         self.procs: dict[int, subprocess.Popen] = {}  # index (1..N-1) -> process

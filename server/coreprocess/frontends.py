@@ -27,6 +27,7 @@ import zmq.asyncio
 
 from server.coreprocess import protocol as wire
 from server.coreprocess.link import identity
+from server.coreprocess.supervisor import exited
 from server.metrics import Metrics
 
 log = logging.getLogger("server.coreprocess")
@@ -73,14 +74,7 @@ class FrontendPool:
 
     @staticmethod
     async def _exit(proc: subprocess.Popen) -> int:
-        fd = os.pidfd_open(proc.pid)
-        loop, gone = asyncio.get_running_loop(), asyncio.Event()
-        loop.add_reader(fd, gone.set)
-        try:
-            await gone.wait()
-        finally:
-            loop.remove_reader(fd)
-            os.close(fd)
+        await exited(proc.pid)
         return proc.wait()
 
     async def _watch(self, index: int) -> None:

@@ -31,6 +31,34 @@ START_TIMEOUT_S = 600.0  # loading and warming every model (an imported NLLB tak
 RESTART_BACKOFF_S = (0.0, 1.0, 2.0, 5.0, 10.0)  # consecutive failed starts wait longer, up to the last
 
 
+async def exited(pid: int) -> None:
+    """Until process `pid` has exited (a zombie counts), without a thread: a pidfd on the event loop
+    where the kernel offers one (Linux 5.3+), else /proc polled every 0.1 s."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    except (AttributeError, OSError):
+        while os.path.exists(f"/proc/{pid}") and "zombie" not in _status(pid):
+            await asyncio.sleep(0.1)
+        return
+    loop, gone = asyncio.get_running_loop(), asyncio.Event()
+    loop.add_reader(fd, gone.set)
+    try:
+        await gone.wait()
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+
+
+def _status(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/status", encoding="utf-8") as f:
+            return f.read().lower()
+    except FileNotFoundError:
+        return "zombie"
+
+
 class CoreFailed(RuntimeError):
     """The core exited before it was Ready."""
 
@@ -83,27 +111,13 @@ class CoreSupervisor:
         raise CoreFailed(f"the engine core was not ready within {START_TIMEOUT_S:.0f} s")
 
     async def _exit_status(self) -> int:
-        """Wait for the core's exit without a thread where the kernel offers a pidfd (-1 when the core
-        is not this process's child: its status is its parent's to read)."""
-        proc = self.proc
-        try:
-            fd = os.pidfd_open(self.pid if self.attached else proc.pid)
-        except ProcessLookupError:
-            return -1 if self.attached else proc.wait()
-        except (AttributeError, OSError):
-            if self.attached:
-                while os.path.exists(f"/proc/{self.pid}"):
-                    await asyncio.sleep(0.1)
-                return -1
-            return await asyncio.get_running_loop().run_in_executor(None, proc.wait)
-        loop, gone = asyncio.get_running_loop(), asyncio.Event()
-        loop.add_reader(fd, gone.set)
-        try:
-            await gone.wait()
-        finally:
-            loop.remove_reader(fd)
-            os.close(fd)
-        return -1 if self.attached else proc.wait()
+        """Wait for the core's exit (-1 when the core is not this process's child: its status is its
+        parent's to read)."""
+        if self.attached:
+            await exited(self.pid)
+            return -1
+        await exited(self.proc.pid)
+        return self.proc.wait()
 
     async def _watch(self) -> None:
         while True:

@@ -329,6 +329,9 @@ def test_cancelled_stream_frees_the_slot_within_a_step(unguarded):
     with EngineGate(model, let_through=3) as gate:  # a few tokens out, then held: surely still running
         stream = client.translate_stream("A dog runs on the beach.", **{**LONG, "seed": 2})
         next(stream)  # one message only: a slow reader may find all three tokens coalesced in it
+        # Held at the gate before the cancel: else an iteration still let through could drop the job
+        # and the engine, idle, would never come round to the gate again (seen once in ~10 runs).
+        assert wait_for(lambda: gate.held.is_set())
         assert server.metric("nmt_running_requests") == 1
         stream.cancel()
         model_saw_cancel = wait_for(lambda: all(st.job.cancelled for st in model.scheduler.running))

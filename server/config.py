@@ -54,9 +54,11 @@ HELP = {
                "runs it: CPU), inplace, or copy (decoder_step.onnx over gathered copies of the cache)",
     "intra_op_threads": "ONNX Runtime intra-op threads shared by every session; 0 = one per physical core",
     "inter_op_threads": "ONNX Runtime inter-op threads (graphs run sequentially; 1 is right)",
-    "ort_spinning": "ONNX Runtime's intra-op workers spin-wait between kernels (true/false). true: one pool "
+    "ort_spinning": "ONNX Runtime's intra-op workers spin-wait between kernels (auto/true/false). true: one pool "
                     "shared by every session, fastest when the engine has the cores; false: a pool per session "
-                    "whose workers sleep, leaving idle cycles to the gRPC threads and to other processes",
+                    "whose workers sleep, leaving idle cycles to the gRPC threads and to other processes; auto: "
+                    "true with --engine-core thread, false with --engine-core process (spinning workers there "
+                    "take the cores the frontend process needs: docs/serving_speed.md)",
     "max_batch_size": "decode rows (KV cache slots) per model: the continuous batch's width; >= 1",
     "max_batch_tokens": "source tokens per encoder pass; >= --max-source-tokens",
     "max_encode_padding": "admitted texts are encoded in length groups padded at most this share; in [0, 1)",
@@ -140,7 +142,7 @@ class ServerConfig:
     decoder: str = "auto"  # auto | inplace | copy
     intra_op_threads: int = 0
     inter_op_threads: int = 1
-    ort_spinning: bool = True
+    ort_spinning: str = "auto"  # auto | true | false: see `spinning`
     max_batch_size: int = 64  # decode rows (KV cache slots) per model
     max_batch_tokens: int = 4096  # source tokens per encoder pass
     max_encode_padding: float = 0.15  # admitted texts are encoded in groups padded at most this much
@@ -206,6 +208,14 @@ class ServerConfig:
     def from_args(cls, argv: Optional[Sequence[str]] = None) -> "ServerConfig":
         return cls(**vars(cls.parser().parse_args(argv)))
 
+    @property
+    def spinning(self) -> bool:
+        """--ort-spinning resolved: auto spins only when the engine shares the server's process."""
+        value = self.ort_spinning
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return self.engine_core == "thread"
+        return _bool(value.strip() if isinstance(value, str) else value)
+
     def problems(self) -> list[str]:
         """Settings that contradict each other or make a legal request unservable, all at once.
 
@@ -226,6 +236,10 @@ class ServerConfig:
         if self.max_sentences_per_request < self.max_texts_per_request:
             out.append(f"--max-sentences-per-request {self.max_sentences_per_request} is below "
                        f"--max-texts-per-request {self.max_texts_per_request}")
+        try:
+            self.spinning
+        except argparse.ArgumentTypeError:
+            out.append(f"--ort-spinning must be auto, true or false (got {self.ort_spinning!r})")
         if self.engine_core not in ("thread", "process"):
             out.append(f"--engine-core must be thread or process (got {self.engine_core!r})")
         if self.frontends < 0 or (self.frontends > 1 and self.engine_core != "process"):

@@ -51,8 +51,8 @@ class HostedModel:
         self.runtime = OnnxModel(bundle, RuntimeOptions(variant=cfg.variant, provider=cfg.provider, decoder=cfg.decoder,
                                                         intra_op_threads=cfg.intra_op_threads,
                                                         inter_op_threads=cfg.inter_op_threads,
-                                                        shared_pool=cfg.ort_spinning,
-                                                        allow_spinning=cfg.ort_spinning))
+                                                        shared_pool=cfg.spinning,
+                                                        allow_spinning=cfg.spinning))
         spec = bundle.spec
         self.provider = self.runtime.providers[0]
         self.cache = SlotCache(spec, cfg.max_batch_size, self.max_source, self.max_output + 1)

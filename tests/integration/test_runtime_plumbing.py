@@ -122,7 +122,7 @@ from server.config import ServerConfig
 from server.hosted import HostedModel
 from server.metrics import Metrics
 cfg = ServerConfig.from_args(["--model-repository", "model_repository", "--intra-op-threads", "2"])
-assert cfg.ort_spinning is False, cfg.ort_spinning
+assert cfg.spinning is False, cfg.ort_spinning
 threads = lambda: len(os.listdir("/proc/self/task"))  # noqa: E731
 before = threads()
 model = HostedModel(discover("model_repository")[0], cfg, Metrics())

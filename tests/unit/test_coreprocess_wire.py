@@ -102,3 +102,19 @@ def test_terminal_items_release_the_job(outbox):
     outbox.jobs[3] = object()
     outbox.post(wire.Finished(3, [([2], 0.0, True)], "eos", 1, (None, None, None, None)))
     assert 3 not in outbox.jobs
+
+
+@pytest.mark.parametrize("value,core,spins", [("auto", "thread", True), ("auto", "process", False),
+                                              ("true", "process", True), ("false", "thread", False),
+                                              (" AUTO ", "process", False), (True, "process", True)])
+def test_ort_spinning_auto_spins_only_beside_the_frontend(value, core, spins):
+    """With the engine in its own process, spinning ONNX Runtime workers take the cores the frontend
+    process needs (docs/serving_speed.md): auto spins only with the engine thread."""
+    from server.config import ServerConfig
+    cfg = ServerConfig(ort_spinning=value, engine_core=core)
+    assert cfg.spinning is spins and not cfg.problems()
+
+
+def test_a_bad_ort_spinning_value_is_a_named_problem():
+    from server.config import ServerConfig
+    assert any("--ort-spinning" in p for p in ServerConfig(ort_spinning="sometimes").problems())

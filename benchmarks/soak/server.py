@@ -153,9 +153,8 @@ async def drain(server: ServerProcess, traffic: Traffic, grace: float, streams: 
     server.proc.send_signal(signal.SIGTERM)
     not_serving = await _wait_not_serving(server.target)
     await asyncio.sleep(0.05)
-    # All at once, early in the drain: sent one after another on a loaded machine, the last ones could
-    # reach the server just as the drain ended, when grpc core cancels a new call before any handler
-    # runs (CANCELLED, documented in docs/deployment.md; seen once in ~10 runs of the suite).
+    # All at once, early in the drain (one after another on a loaded machine, the last ones reached the
+    # server as the drain ended more often; see traffic.EXPECTED for what may still come back).
     refused = list(await asyncio.gather(*(rec.call("drain_new", "Translate", 5.0,
                                                    lambda: traffic.client.translate(["A dog."], timeout=5.0))
                                           for _ in range(5))))

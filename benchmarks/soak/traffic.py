@@ -38,9 +38,12 @@ EXPECTED: dict[str, frozenset] = {
     "golden_rest": frozenset({"OK"}), "golden_load": GOOD,  # refused attempts under load are retried
     "health_probe": frozenset({"OK"}), "health_large": frozenset({"OK"}),
     # Streams that have sent a message before SIGTERM must finish whole (the drain's promise); unary
-    # calls sent just before it finish or are refused; calls after NOT_SERVING are refused.
+    # calls sent just before it finish or are refused; calls after NOT_SERVING are refused: UNAVAILABLE,
+    # or CANCELLED for one grpc core had not yet handed to a handler when the drain ended and the server
+    # closed (docs/deployment.md; on two loaded cores that took two of five in ~1 of 10 runs). Both are
+    # retried by the client library; tests/system/test_lifecycle.py checks the UNAVAILABLE refusal alone.
     "drain_stream": frozenset({"OK"}), "drain_inflight": frozenset({"OK", "UNAVAILABLE"}),
-    "drain_new": frozenset({"UNAVAILABLE"}),
+    "drain_new": frozenset({"UNAVAILABLE", "CANCELLED"}),
 }
 # The random mix. Streams (stream, slow_reader, channel_close, stream_cancel) are 34 parts, 7 of them
 # cancelled (~20%); deadline_short is ~10% of all calls.

@@ -93,7 +93,7 @@ def test_sigterm_drain_is_clean(soak):
     _, s, _ = soak
     d = s["drain"]
     assert d["streams_in_flight_at_sigterm"] and d["exit_code"] == 0, d
-    assert set(s["codes"]["drain_new"]) == {"UNAVAILABLE"}, d
+    assert set(s["codes"]["drain_new"]) <= {"UNAVAILABLE", "CANCELLED"}, d  # refused, never served
     assert set(s["codes"]["drain_stream"]) == {"OK"}, unexpected(s, "drain_stream")  # finished whole
     assert d["ok"], d
 

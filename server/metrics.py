@@ -26,8 +26,8 @@ SENTENCE_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 class Metrics:
     """`engine_here`: False in a frontend whose engine runs in the core process (server/coreprocess/): the
-    engine's series (ENGINE) are then the core's, read from it at each scrape (`add_core`), and this
-    process's copies of them stay unexported."""
+    engine's series (registered in `engine_registry`: queue, tokens, batches, steps, slots) are then the
+    core's, read from it at each scrape (`add_core`), and this process's copies of them stay unexported."""
 
     def __init__(self, engine_here: bool = True) -> None:
         r = self.registry = CollectorRegistry()

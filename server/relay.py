@@ -97,21 +97,21 @@ def flush() -> None:
 
 
 class Outflow:
-    """Stream events on this loop not yet written to their callers: delivered to a stream and either
-    still queued there or in a message whose write has not completed. The engine core's link waits
-    for it to empty before asking the core for more (server/coreprocess/link.py): while the frontend
-    is busy writing, the core keeps merging tokens, so each stream's next message carries all of
+    """This loop's backlog of stream work: how many streams have events they have not taken yet (a
+    stream blocked in a write is not counted, server/service.py `_StreamInbox`). The engine core's
+    link waits for it to empty before asking the core for more (server/coreprocess/link.py): while the
+    frontend is busy, the core keeps merging tokens, so each stream's next message carries all of
     them (coalescing by back-pressure); an idle frontend empties it at once."""
 
     def __init__(self) -> None:
         self.pending = 0
         self._waiters: list[Callable[[], None]] = []
 
-    def add(self, n: int = 1) -> None:
-        self.pending += n
+    def add(self) -> None:
+        self.pending += 1
 
-    def done(self, n: int) -> None:
-        self.pending = max(0, self.pending - n)
+    def done(self) -> None:
+        self.pending = max(0, self.pending - 1)
         if not self.pending and self._waiters:
             waiters, self._waiters = self._waiters, []
             for callback in waiters:

@@ -142,7 +142,7 @@ class _StreamInbox:
         """Everything queued has been read (a message is about to be written, or nothing is to be)."""
         if self.owed:
             self.owed = False
-            self.flow.done(1)
+            self.flow.done()
 
     def wrote(self) -> None:
         self.writing = False

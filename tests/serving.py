@@ -74,6 +74,23 @@ class ServerThread:
             asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(60)
             self._thread.join(30)
 
+    def begin_stop(self, grace: float = 5.0):
+        """Start the shutdown (lame duck, then the drain) without waiting for it: a concurrent future
+        for finish_stop."""
+        return asyncio.run_coroutine_threadsafe(self.app.stop(grace), self.loop)
+
+    def finish_stop(self, stopping=None) -> None:
+        """After begin_stop: a second stop cuts the lame duck short, then wait for the shutdown and the
+        thread (the thread's done event is set on its loop: set from here it would wake nothing).
+        Without a shutdown begun, an ordinary stop."""
+        if stopping is None:
+            self.stop()
+            return
+        asyncio.run_coroutine_threadsafe(self.app.stop(), self.loop).result(30)
+        stopping.result(90)
+        self.loop.call_soon_threadsafe(self._done.set)
+        self._thread.join(30)
+
     def metrics_text(self) -> str:
         return urllib.request.urlopen(f"http://127.0.0.1:{self.app.metrics_port}/metrics", timeout=5).read().decode()
 
@@ -220,6 +237,18 @@ class EngineGate:
     def __exit__(self, *exc) -> None:
         self.open()
         del self.loop.iteration  # back to the class's method
+
+
+def read_to_end(stream) -> tuple:
+    """(status code, messages) of a server stream read to its end: OK, or the code it failed with."""
+    import grpc
+    messages = []
+    try:
+        for message in stream:
+            messages.append(message)
+    except grpc.RpcError as e:
+        return e.code(), messages
+    return grpc.StatusCode.OK, messages
 
 
 def tcp_connections(pid: int) -> set[tuple[int, int]]:

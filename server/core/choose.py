@@ -115,7 +115,6 @@ class TokenChooser:
         """logits (B, V), this step's buffer: suppressed ids are set to -inf in place. history (>= B, T) and
         lengths (>= B,): each row's tokens so far (start, forced, output: what the step has fed it), by
         slot, which the repetition penalty and the n-gram ban read (the slot cache keeps them)."""
-        self._history, self._lengths = history, lengths
         b, vocab = logits.shape
         token = np.zeros(b, np.int64)
         logprob = np.zeros(b, np.float32)
@@ -138,9 +137,9 @@ class TokenChooser:
                 ctl_logp[:, self.suppress] = -np.inf
         rows_ctl = np.flatnonzero(controlled & (c.kind != BEAM))
         if len(rows_ctl):  # greedy and sampling rows: the processors act on the logits, in place
-            self._process(logits, rows_ctl, rows_ctl, c)
+            self._process(logits, rows_ctl, rows_ctl, c, history, lengths)
         if ctl_logp is not None:
-            self._process(ctl_logp, np.arange(len(beam_ctl)), beam_ctl, c)
+            self._process(ctl_logp, np.arange(len(beam_ctl)), beam_ctl, c, history, lengths)
             if self.renormalize:  # transformers' LogitNormalization, after every processor
                 ctl_logp = ctl_logp - logsumexp(ctl_logp)[:, None]
         greedy = np.flatnonzero(c.kind == GREEDY)
@@ -170,13 +169,13 @@ class TokenChooser:
             self._beam(ctl_logp, np.zeros(len(beam_ctl), np.float32), c, beam_ctl, beam_ids, beam_logp)
         return Choices(token, logprob, beam_ids, beam_logp)
 
-    def _process(self, x: np.ndarray, at: np.ndarray, rows: np.ndarray, c: RowControls) -> np.ndarray:
+    def _process(self, x: np.ndarray, at: np.ndarray, rows: np.ndarray, c: RowControls,
+                 history: Optional[np.ndarray], lengths: Optional[np.ndarray]) -> np.ndarray:
         """The decoding controls on rows' scores (logits, or log-probabilities for beam search), in
         transformers' order: repetition penalty, no repeated n-gram, bad words (unk), minimum length.
         x[at[j]] holds the scores of slot rows[j]; changed in place (and returned)."""
         # One gather/scatter over every (row, token) pair, not one per row; rows picked with masks
         # (a numpy scalar read per row costs more than the arithmetic).
-        history, lengths = self._history, self._lengths
         pen = np.flatnonzero(c.penalty[rows] != 1.0)
         if len(pen) and history is not None:
             # Every token of each row's history, repeats included: gathered once, written back once per

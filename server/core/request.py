@@ -115,8 +115,25 @@ class ErrorEvent:
 Event = TokenEvent | FinishEvent | ErrorEvent
 
 
+class _Work:
+    """What a Job and an EmbedJob share: cancellation (carried to another process's scheduler by
+    `on_cancel` where the job lives there), the deadline, and the form a failure reaches the sink in."""
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        if self.on_cancel is not None:
+            self.on_cancel(self)
+
+    def expired(self, now: float) -> bool:
+        return self.deadline is not None and now >= self.deadline
+
+    def failure(self, error: Exception):
+        """What the sink gets when the job fails with `error`."""
+        return ErrorEvent(error)
+
+
 @dataclass
-class Job:
+class Job(_Work):
     """One text to translate, from submission until its FinishEvent."""
     model: str
     src_ids: list[int]
@@ -139,17 +156,9 @@ class Job:
     # Called by cancel() when the job lives in another process's scheduler (the engine core's link).
     on_cancel: Optional[Callable[["Job"], None]] = None
 
-    def cancel(self) -> None:
-        self.cancelled = True
-        if self.on_cancel is not None:
-            self.on_cancel(self)
-
-    def expired(self, now: float) -> bool:
-        return self.deadline is not None and now >= self.deadline
-
 
 @dataclass
-class EmbedJob:
+class EmbedJob(_Work):
     """Encoder-only work: mean-pooled encoder states of one text."""
     model: str
     src_ids: list[int]
@@ -161,10 +170,5 @@ class EmbedJob:
     answered: bool = False  # as Job.answered
     on_cancel: Optional[Callable[["EmbedJob"], None]] = None  # as Job.on_cancel
 
-    def cancel(self) -> None:
-        self.cancelled = True
-        if self.on_cancel is not None:
-            self.on_cancel(self)
-
-    def expired(self, now: float) -> bool:
-        return self.deadline is not None and now >= self.deadline
+    def failure(self, error: Exception):
+        return error  # an embedding's sink takes the vector or the exception

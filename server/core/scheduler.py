@@ -25,7 +25,7 @@ from models.core.beam import BeamState
 from models.core.kv_cache import Row, SlotCache
 from server.core.errors import Cancelled, DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable
 from server.metrics import Metrics
-from server.core.request import EmbedJob, ErrorEvent, FinishEvent, FinishReason, GenerationRules, Hypothesis, Job, TokenEvent
+from server.core.request import EmbedJob, FinishEvent, FinishReason, GenerationRules, Hypothesis, Job, TokenEvent
 from server.core.choose import Choices, RowControls, make_rng
 from server.core.controls import step_controls
 from server.core.runaway import RunawayGuard
@@ -307,7 +307,7 @@ class Scheduler:
             return
         job.answered = True
         job.timing.finished = time.monotonic()
-        job.sink(error if isinstance(job, EmbedJob) else ErrorEvent(error))
+        job.sink(job.failure(error))
 
     def fail_unstarted(self, jobs: list, error: Exception) -> None:
         """Jobs schedule() admitted whose encoder pass failed before they started: answer each once."""

@@ -29,11 +29,11 @@ import zmq.asyncio
 from server.coreprocess import protocol as wire
 from server.core.errors import ServiceError, Unavailable
 from server.relay import Outflow, outflow_for
-from server.core.request import EmbedJob, ErrorEvent, FinishEvent, FinishReason, Hypothesis, Job, TokenEvent
+from server.core.request import EmbedJob, FinishEvent, FinishReason, Hypothesis, Job, TokenEvent
 
 log = logging.getLogger("server.coreprocess")
-# The longest the core's next Events waits for this loop's stream writes: a stream that never completes
-# its write (a client that stopped reading) must not hold back everyone else's tokens for long.
+# The longest the core's next Events waits for this loop's stream backlog to clear (a loop that stays
+# busy must not hold back every stream's tokens for long).
 MAX_HOLD_S = 0.05
 
 
@@ -46,7 +46,7 @@ def error_of(code: str, message: str) -> ServiceError:
 class CoreLink:
     def __init__(self, address: str):
         self.address = address
-        self.outflow: Optional[Outflow] = None  # the loop's stream writes in flight (set by connect)
+        self.outflow: Optional[Outflow] = None  # the loop's stream backlog (set by connect)
         self.ctx = zmq.asyncio.Context()
         self.sock: Optional[zmq.asyncio.Socket] = None
         self.jobs: dict[int, Job | EmbedJob] = {}  # in the core, until their terminal event
@@ -68,7 +68,7 @@ class CoreLink:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.IDENTITY, identity(os.getpid()))  # the primary names a dead frontend by it
         self.sock.connect(self.address)
-        self.ready = asyncio.get_running_loop().create_future()
+        self.ready = self._loop.create_future()
         self._receiver = asyncio.create_task(self._receive(self.sock), name="core-link")
         await self.sock.send(wire.encode(wire.Hello()))
         ready = await self.ready
@@ -93,7 +93,7 @@ class CoreLink:
         jobs, self.jobs = list(self.jobs.values()), {}
         for job in jobs:
             job.answered = True
-            job.sink(error if isinstance(job, EmbedJob) else ErrorEvent(error))
+            job.sink(job.failure(error))
         waiting, self.waiting = list(self.waiting.values()), {}
         for future in waiting:
             if not future.done():
@@ -175,8 +175,8 @@ class CoreLink:
             msg = wire.to_frontend(await sock.recv(copy=True))
             if isinstance(msg, wire.Events):
                 self._deliver(msg.items)
-                # Ask for more once this loop has written what it was given (the relay's drain and the
-                # streams' writes run first), or after MAX_HOLD_S at the latest.
+                # Ask for more once this loop's streams have taken what they were given (the relay's drain
+                # and the streams run first), or after MAX_HOLD_S at the latest.
                 asyncio.get_running_loop().call_soon(self._ack_when_written, sock)
             elif isinstance(msg, wire.Ready):
                 if self.ready is not None and not self.ready.done():
@@ -222,7 +222,7 @@ class CoreLink:
                 job.sink(np.frombuffer(item.vector, dtype=np.float32))
             else:
                 error = error_of(item.code, item.message)
-                job.sink(error if isinstance(job, EmbedJob) else ErrorEvent(error))
+                job.sink(job.failure(error))
 
 
 def identity(pid: int) -> bytes:

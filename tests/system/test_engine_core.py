@@ -17,7 +17,8 @@ import pytest
 
 from benchmarks.harness import descendants, free_port
 from client.client import TranslatorClient
-from tests.serving import ServerThread, flickr_sentences, start_subprocess, wait_for, wait_process_serving
+from tests.serving import (ServerThread, flickr_sentences, read_to_end, start_subprocess, wait_for,
+                           wait_process_serving)
 
 MODEL = "multi30k-en-de-small"
 # ~uniform sampling, and EOS banned until the budget: the request surely runs 250 steps
@@ -50,16 +51,6 @@ def status_of(call) -> grpc.StatusCode:
     except grpc.RpcError as e:
         return e.code()
     return grpc.StatusCode.OK
-
-
-def drain_stream(stream) -> tuple[grpc.StatusCode, list]:
-    messages = []
-    try:
-        for m in stream:
-            messages.append(m)
-    except grpc.RpcError as e:
-        return e.code(), messages
-    return grpc.StatusCode.OK, messages
 
 
 @pytest.mark.parametrize("decoding", [{}, {"beam_size": 4}, {"temperature": 0.8, "seed": 7, "top_k": 20}],
@@ -122,7 +113,7 @@ def test_cancel_reaches_the_core(core_server):
     os.kill(core_pid(srv), signal.SIGSTOP)  # frozen: it cannot finish the 250 tokens meanwhile
     try:
         stream.cancel()
-        assert drain_stream(stream)[0] == grpc.StatusCode.CANCELLED
+        assert read_to_end(stream)[0] == grpc.StatusCode.CANCELLED
     finally:
         os.kill(core_pid(srv), signal.SIGCONT)
     srv.wait_idle()  # the core dropped the job: slot free, nothing counted as produced
@@ -138,7 +129,7 @@ def test_deadline_reaches_the_core(core_server):
     next(iter(stream))
     os.kill(core_pid(srv), signal.SIGSTOP)
     try:
-        assert drain_stream(stream)[0] == grpc.StatusCode.DEADLINE_EXCEEDED  # the frozen core cannot finish
+        assert read_to_end(stream)[0] == grpc.StatusCode.DEADLINE_EXCEEDED  # the frozen core cannot finish
     finally:
         os.kill(core_pid(srv), signal.SIGCONT)
     srv.wait_idle()
@@ -156,7 +147,7 @@ def test_a_killed_core_fails_calls_unavailable_and_comes_back(start_server):
             next(iter(s))  # each is decoding in the core
         os.kill(old, signal.SIGSTOP)  # nothing finishes from here on
         with cf.ThreadPoolExecutor(12) as pool:
-            ends = [pool.submit(drain_stream, s) for s in streams]
+            ends = [pool.submit(read_to_end, s) for s in streams]
             # Calls sent to the frozen core wait for its answer to their submission.
             unary = [pool.submit(status_of, lambda: client.translate(texts[:2])) for _ in range(2)]
             assert wait_for(lambda: len(srv.app.core.link.waiting) == 2)
@@ -183,7 +174,7 @@ def test_sigterm_drains_through_the_core_and_leaves_no_process():
             stream = client.translate_stream("A dog runs on the beach.", **LONG)
             first = next(iter(stream))
             proc.send_signal(signal.SIGTERM)
-            code, rest = drain_stream(stream)
+            code, rest = read_to_end(stream)
             assert code == grpc.StatusCode.OK
             messages = [first, *rest]
             assert messages[-1].final and messages[-1].output_tokens == 250

@@ -20,7 +20,7 @@ from benchmarks.harness import descendants, free_port
 from client.client import TranslatorClient, options
 from protos.nmt.v1 import translator_pb2 as pb
 from protos.nmt.v1 import translator_pb2_grpc as pb_grpc
-from tests.serving import start_subprocess, tcp_connections, wait_for, wait_process_serving
+from tests.serving import read_to_end, start_subprocess, tcp_connections, wait_for, wait_process_serving
 
 LONG = dict(max_output_tokens=250, min_output_tokens=250, temperature=5.0, seed=1)
 
@@ -57,16 +57,6 @@ def connections_by_holder(target: str, port: int, pids: list[int], wanted: set[i
 
 def cmdline(pid: int) -> str:
     return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-
-
-def drain(stream) -> tuple[grpc.StatusCode, list]:
-    got = []
-    try:
-        for m in stream:
-            got.append(m)
-    except grpc.RpcError as e:
-        return e.code(), got
-    return grpc.StatusCode.OK, got
 
 
 def test_connections_spread_over_frontends_and_metrics_are_one_view(start_server):
@@ -112,7 +102,7 @@ def test_a_killed_frontend_loses_only_its_own_calls(start_server):
         assert wait_for(lambda: srv.metric("nmt_frontend_restarts_total") == 1)  # the core was told to forget it
     finally:
         os.kill(core, signal.SIGCONT)
-    ends = [drain(s) for s in streams]
+    ends = [read_to_end(s) for s in streams]
     assert [code for code, _ in ends] == [grpc.StatusCode.UNAVAILABLE] * 2 + [grpc.StatusCode.OK] * 2
     assert all(got[-1].output_tokens == 250 for _, got in ends[2:])
     srv.wait_idle()
@@ -139,7 +129,7 @@ def test_sigterm_drains_every_frontend():
         firsts = [next(s) for s in streams]
         proc.send_signal(signal.SIGTERM)
         for first, stream in zip(firsts, streams):
-            code, rest = drain(stream)
+            code, rest = read_to_end(stream)
             assert code == grpc.StatusCode.OK
             assert rest[-1].final and rest[-1].output_tokens == 250
         assert proc.wait(60) == 0
@@ -158,8 +148,6 @@ def test_frontends_need_the_core_process(flags):
 
 
 def test_lame_duck_reaches_every_frontend_and_the_core_keeps_serving():
-    import asyncio
-
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     from tests.serving import ServerThread
@@ -175,16 +163,12 @@ def test_lame_duck_reaches_every_frontend_and_the_core_keeps_serving():
             reply = health_pb2_grpc.HealthStub(channels[pid]).Check(health_pb2.HealthCheckRequest(), timeout=10)
             return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
         assert health(me) == health(extra) == "SERVING"
-        stopping = asyncio.run_coroutine_threadsafe(srv.app.stop(5.0), srv.loop)
+        stopping = srv.begin_stop(5.0)
         assert wait_for(lambda: health(me) == health(extra) == "NOT_SERVING")  # both out of rotation
         for pid in (me, extra):  # ... and both still serve new work through the core: lame duck
             reply = pb_grpc.TranslatorStub(channels[pid]).Translate(pb.TranslateRequest(texts=["A dog."]), timeout=60)
             assert reply.translations[0].hypotheses[0].text
     finally:
-        if stopping is not None:
-            asyncio.run_coroutine_threadsafe(srv.app.stop(), srv.loop).result(30)  # a second stop ends it here
-            stopping.result(90)
-        srv.loop.call_soon_threadsafe(srv._done.set)
-        srv._thread.join(30)
+        srv.finish_stop(stopping)  # a second stop ends the lame duck here; the others follow
     assert wait_for(lambda: not os.path.exists(f"/proc/{extra}") or
                     "zombie" in Path(f"/proc/{extra}/status").read_text().lower(), timeout=90)

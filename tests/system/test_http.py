@@ -7,7 +7,6 @@ answering health meanwhile; keys, permissions, rate limits and quotas are those 
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 import socket
@@ -368,7 +367,7 @@ def test_readiness_follows_the_grpc_health_through_lame_duck():
     stopping = None
     try:
         assert httpx.get(f"{s.http}/readyz", timeout=10).status_code == 200
-        stopping = asyncio.run_coroutine_threadsafe(s.app.stop(5.0), s.loop)
+        stopping = s.begin_stop(5.0)
         deadline = time.monotonic() + 20
         while httpx.get(f"{s.http}/readyz", timeout=10).status_code != 503 and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -377,11 +376,7 @@ def test_readiness_follows_the_grpc_health_through_lame_duck():
         r = httpx.post(f"{s.http}/v1/translate", json={"texts": ["A dog."]}, timeout=30)
         assert r.status_code == 200  # lame duck: new work is still served
     finally:
-        if stopping is not None:
-            asyncio.run_coroutine_threadsafe(s.app.stop(), s.loop).result(30)  # a second stop ends lame duck
-            stopping.result(60)
-        s.loop.call_soon_threadsafe(s._done.set)
-        s._thread.join(30)
+        s.finish_stop(stopping)  # a second stop ends the lame duck
 
 
 def test_http_calls_are_counted_and_logged_like_grpc_calls(srv):

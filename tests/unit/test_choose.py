@@ -162,9 +162,8 @@ def test_controls_ban_and_penalise_what_they_name():
     out = TokenChooser(eos_id=2, unk_id=3).choose(logits.copy(), c, history, lengths)
     assert out.token.tolist() == [10, 10]  # EOS and unk banned; row 0's 10 halved (2.0) still beats 0
     c.penalty[0] = 5.0  # 4.0 / 5 = 0.8 still beats the zeros; 11 (negative) is pushed further down
-    chooser = TokenChooser(eos_id=2, unk_id=3)
-    chooser._history, chooser._lengths = history, lengths
-    processed = chooser._process(logits[:1].copy(), np.array([0]), np.array([0]), c)
+    processed = TokenChooser(eos_id=2, unk_id=3)._process(logits[:1].copy(), np.array([0]), np.array([0]), c,
+                                                          history, lengths)
     assert processed[0, 10] == pytest.approx(0.8) and processed[0, 11] == pytest.approx(-5.0)
     assert np.isneginf(processed[0, [2, 3]]).all()
 

@@ -63,7 +63,8 @@ class Timed:
             self.calls += 1
 
 
-def measure(bundle_path: Path, rows: int, steps: int, mode: str, threads: int, forced_length: int = 0) -> dict:
+def measure(bundle_path: Path, rows: int, steps: int, mode: str, threads: int, forced_length: int = 0,
+            variant: str = "fp32") -> dict:
     from models.core.bundle import load_bundle
     from server.config import ServerConfig
     from server.hosted import HostedModel
@@ -74,7 +75,7 @@ def measure(bundle_path: Path, rows: int, steps: int, mode: str, threads: int, f
     # "controls": greedy with a repetition penalty and no repeated 3-grams on every request (issue 27's check)
     controls = dict(repetition_penalty=1.2, no_repeat_ngram_size=3) if mode == "controls" else {}
     cfg = ServerConfig(max_batch_size=rows, max_queue_size=4 * rows, runaway_guard=False, warmup=False,
-                       intra_op_threads=threads, max_output_tokens=400)
+                       intra_op_threads=threads, max_output_tokens=400, variant=variant)
     model = HostedModel(load_bundle(bundle_path), cfg, Metrics())
     sched, engine = model.scheduler, model.engine
     # Phase timers: ONNX Runtime's own calls, and the scheduler's phases.
@@ -121,7 +122,7 @@ def measure(bundle_path: Path, rows: int, steps: int, mode: str, threads: int, f
         wall += time.perf_counter() - t0
     in_ort = sum(t.total for t in ort_calls)
     tokens = sum(batch_sizes) // max(beam, 1)  # output tokens of the best hypotheses (beam: one per k rows)
-    return {"mode": mode, "rows": rows, "steps": steps, "mean_rows": statistics.mean(batch_sizes),
+    return {"mode": mode, "variant": variant, "rows": rows, "steps": steps, "mean_rows": statistics.mean(batch_sizes),
             "wall_ms_per_step": 1000 * wall / steps, "ort_ms_per_step": 1000 * in_ort / steps,
             "python_ms_per_step": 1000 * (wall - in_ort) / steps, "update_ms_per_step": 1000 * update.total / steps,
             "python_share": (wall - in_ort) / wall, "tokens_per_s": tokens / wall}
@@ -136,6 +137,8 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--mode", type=lambda s: s.split(","), default=["greedy", "sampling", "beam4"],
                    help="greedy, sampling, beamK, controls (greedy + repetition penalty + no repeated 3-grams)")
+    p.add_argument("--variants", type=lambda s: s.split(","), default=["fp32"],
+                   help="bundle variants to compare (fp32, int8), each with every mode, in the same rounds")
     p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = default)")
     p.add_argument("--forced-length", type=int, default=0,
                    help="every request decodes exactly N tokens (min = max output tokens): equal work across modes")
@@ -155,23 +158,27 @@ def main(argv=None) -> int:
                  f"{m['cores']} cores; commit {m['commit']}, "
                  f"{'tiny random model' if args.tiny else path.parent.name + '/' + path.name}", "",
                  "| mode | rows | mean rows | ms/step | in ONNX Runtime | Python | of which update | Python share | "
-                 "tokens/s | vs first mode |", "|---|---|---|---|---|---|---|---|---|---|"]
-        runs: dict = {}  # (mode, rows) -> one result per round
+                 "tokens/s | vs first case |", "|---|---|---|---|---|---|---|---|---|---|"]
+        # Every (mode, variant) pair is one case; the cases rotate each round.
+        cases = [(mode, variant) for mode in args.mode for variant in args.variants]
+        label = (lambda c: c[0]) if len(args.variants) == 1 else (lambda c: f"{c[0]} {c[1]}")
+        runs: dict = {}  # (case, rows) -> one result per round
         for k in range(args.rounds):
             for rows in args.rows:
-                order = args.mode[k % len(args.mode):] + args.mode[:k % len(args.mode)]
-                for mode in order:
-                    r = measure(path, rows, args.steps, mode, args.threads, args.forced_length)
-                    runs.setdefault((mode, rows), []).append(r)
-                    print(f"round {k + 1}: {mode} {rows} rows: {r['tokens_per_s']:,.0f} tokens/s, Python "
+                order = cases[k % len(cases):] + cases[:k % len(cases)]
+                for case in order:
+                    r = measure(path, rows, args.steps, case[0], args.threads, args.forced_length, case[1])
+                    runs.setdefault((case, rows), []).append(r)
+                    print(f"round {k + 1}: {label(case)} {rows} rows: {r['tokens_per_s']:,.0f} tokens/s, Python "
                           f"{r['python_ms_per_step']:.2f} ms/step", file=sys.stderr, flush=True)
-        for mode in args.mode:
+        for case in cases:
             for rows in args.rows:
-                cells = runs[mode, rows]
-                med = {key: float(np.median([c[key] for c in cells])) for key in cells[0] if key != "mode"}
-                base = runs[args.mode[0], rows]
+                cells = runs[case, rows]
+                med = {key: float(np.median([c[key] for c in cells])) for key in cells[0]
+                       if key not in ("mode", "variant")}
+                base = runs[cases[0], rows]
                 ratio = float(np.median([c["tokens_per_s"] / b["tokens_per_s"] for c, b in zip(cells, base)]))
-                lines.append(f"| {mode} | {rows} | {med['mean_rows']:.0f} | {med['wall_ms_per_step']:.2f} | "
+                lines.append(f"| {label(case)} | {rows} | {med['mean_rows']:.0f} | {med['wall_ms_per_step']:.2f} | "
                              f"{med['ort_ms_per_step']:.2f} | {med['python_ms_per_step']:.2f} | "
                              f"{med['update_ms_per_step']:.2f} | {100 * med['python_share']:.0f}% | "
                              f"{med['tokens_per_s']:,.0f} | {ratio:.2f} |")

@@ -324,7 +324,7 @@ def render(results: dict, args, argv) -> str:
               f"| cost per output token (ms) | {comp['step_1_ms'] + comp['encode_1_ms'] / comp['output_tokens']:.3f}"
               f" | {(comp['step_32_ms'] + comp['encode_32_ms'] / comp['output_tokens']) / 32:.3f} |",
               "", f"Ceiling for 32 streams vs 1: {comp['ceiling_32_vs_1']:.1f}x.", "",
-              "![latency](serving_load.png)", ""]
+              f"![latency]({Path(args.out).with_suffix('.png').name})", ""]
     return "\n".join(lines) + "\n"
 
 

@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from models.core.bundle import discover
 from protos.nmt.v1 import translator_pb2 as pb
 from server.config import ServerConfig
-from server.coreprocess.frontends import FrontendPool, frontend_count
+from server.coreprocess.frontends import FrontendPool
 from server.coreprocess.supervisor import CoreSupervisor
 from server.core.errors import Unavailable
 from server.admission import Admission, Limits
@@ -99,7 +99,7 @@ class TranslationServer:
             self.metrics_port = self._metrics_http[0].server_port
         self.admission.quota_of = self.security.quota_of
         await self.server.start()
-        count = frontend_count(cfg.frontends) if cfg.engine_core == "process" and not self.attach else 1
+        count = 1 if self.attach else cfg.frontend_processes
         if cfg.http_port >= 0:
             await loop.run_in_executor(None, self.admission.identifier.warm)  # the language model: ~0.3 s, once
             edge = Edge(Gateway(self.service, self.security.interceptor), self.admission, self.metrics,

@@ -49,7 +49,7 @@ class HostedModel:
     def _build_engine(self, bundle: Bundle, cfg: ServerConfig, metrics: Metrics) -> None:
         keep_freed_memory()
         self.runtime = OnnxModel(bundle, RuntimeOptions(variant=cfg.variant, provider=cfg.provider, decoder=cfg.decoder,
-                                                        intra_op_threads=cfg.intra_op_threads,
+                                                        intra_op_threads=cfg.engine_threads,
                                                         inter_op_threads=cfg.inter_op_threads,
                                                         shared_pool=cfg.spinning,
                                                         allow_spinning=cfg.spinning))

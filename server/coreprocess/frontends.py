@@ -165,9 +165,3 @@ class FrontendPool:
     @property
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs.values() if p.poll() is None]
-
-
-def frontend_count(requested: int) -> int:
-    """--frontends: N as given, or 0 = one per 4 cores (at least 1): each frontend is an event loop that
-    wants a core of its own under load, beside the engine core's ONNX Runtime threads."""
-    return requested if requested > 0 else max(1, (os.cpu_count() or 1) // 4)

@@ -264,7 +264,8 @@ def main(cfg: ServerConfig, address: str, parent: int) -> None:
         model.start()
         models[bundle.name] = model
     core = Core(models, metrics, address, parent, cfg.watchdog_s)
-    log.info("engine core ready", extra={"event": "engine_core_ready", "pid": os.getpid(), "models": sorted(models)})
+    log.info("engine core ready", extra={"event": "engine_core_ready", "pid": os.getpid(), "models": sorted(models),
+                                             "intra_op_threads": cfg.engine_threads or "default"})
     try:
         status = core.run()
     except Exception:  # noqa: BLE001

@@ -55,7 +55,7 @@ def test_baseline_server_gives_our_servers_tokens(tmp_path):
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "benchmarks.ct2_server", "--model", str(model_dir),
                              "--tokenizer", str(newest_version(ROOT / "model_repository/multi30k-en-de-small") / "tokenizer.json"),
-                             "--port", str(port), "--threads", "1"], cwd=ROOT)
+                             "--port", str(port), "--replicas", "2", "--threads", "1", "--max-batch", "8"], cwd=ROOT)
     ours = ServerThread(metrics_port=-1, warmup=False).start()
     texts = flickr_sentences(24)
     try:

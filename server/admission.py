@@ -11,10 +11,10 @@ one place per concern, and reports all the problems of a request at once:
   limits (HostedModel.param_problems);
 - the caller's character quota (server/security/usage.py).
 
-Everything that costs more than a few microseconds — splitting documents, tokenising, building
-jobs — runs in one hop off the event loop (a request of many long texts took seconds there and
-stalled every other call, health checks included); the jobs are then queued atomically (all or
-none) from the loop.
+Splitting documents, tokenising and building jobs run in one hop off the event loop for a request of
+more than INLINE_CHARS characters (a request of many long texts took seconds there and stalled every
+other call, health checks included), and on the loop for a smaller one, where the hop cost more than
+the work; the jobs are then queued atomically (all or none) from the loop.
 """
 from __future__ import annotations
 
@@ -36,6 +36,14 @@ from server.core.request import DecodingParams, EmbedJob, Job
 from server.security.usage import CharacterUsage
 
 Sink = Callable[[object], None]
+
+
+# Admission of a request this small (language identification, splitting and tokenising a few sentences:
+# tens of microseconds) runs on the event loop. Handing it to a worker thread cost more than the work:
+# the executor's wake-up, a second thread taking the interpreter lock, the result's way back to the
+# loop (docs/serving_speed.md). Larger requests still go to a worker, so that one long document cannot
+# hold up every stream's writes.
+INLINE_CHARS = 2_000
 
 
 @dataclass
@@ -64,7 +72,12 @@ class Admitted:
 
     @property
     def confidence(self) -> float:
-        return dict(self.detection.ranked).get(self.source_language, 0.0) if self.detection else 0.0
+        d = self.detection
+        if d is None:
+            return 0.0
+        if d.language == self.source_language:
+            return d.confidence
+        return next((p for lang, p in d.ranked if lang == self.source_language), 0.0)
 
 
 @dataclass(frozen=True)
@@ -172,14 +185,14 @@ class Admission:
     async def translate(self, call: TranslateCall, sink_for: Callable[[int], Sink]) -> Admitted:
         """Route, check, split, tokenise and queue a Translate/TranslateStream call; `sink_for(i)` is the
         sink of the i-th sentence (document order). Raises a ServiceError naming every problem."""
-        admitted = await self._off_loop(self._admit, call, sink_for)
+        admitted = await self._run(sum(map(len, call.texts)), self._admit, call, sink_for)
         if admitted.jobs:
             await admitted.model.submit(admitted.jobs)  # all or none
         return admitted
 
     def _admit(self, call: TranslateCall, sink_for: Callable[[int], Sink]) -> Admitted:
         # Routing first: a model that does not exist is NOT_FOUND whatever else is wrong. (Language
-        # identification runs here, off the loop: ~40 µs a request, measured in frontend_profile.md.)
+        # identification runs here: ~40 µs a request, measured in frontend_profile.md.)
         model, source, detection = self.route(call.model, call.source_language, call.target_language,
                                               call.texts, call.options.mime_type)
         problems = self.text_problems(call.texts) + call.options.problems() + model.param_problems(call.params)
@@ -216,7 +229,7 @@ class Admission:
             if problems:
                 raise InvalidArgument("; ".join(problems))
             return model.embed_jobs(texts, [sink_for(i) for i in range(len(texts))], deadline)
-        jobs = await self._off_loop(admit)
+        jobs = await self._run(sum(map(len, texts)), admit)
         calls.submitted(jobs)
         await model.submit(jobs)
         return model, jobs
@@ -226,7 +239,10 @@ class Admission:
         key_id = calls.caller_key_id()
         self.usage.charge(key_id, sum(map(len, texts)), self.quota_of(key_id))
 
-    async def _off_loop(self, fn, *args):
+    async def _run(self, chars: int, fn, *args):
+        """Admission work for a request of `chars` characters: on the loop when small, else off it."""
+        if chars <= INLINE_CHARS:
+            return fn(*args)
         # In the call's context: log lines written there carry its request id, and calls.note reaches it.
         run = partial(contextvars.copy_context().run, fn, *args)
         return await asyncio.get_running_loop().run_in_executor(self.executor, run)

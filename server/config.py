@@ -105,7 +105,7 @@ HELP = {
     "keepalive_min_ping_interval_ms": "clients may ping (without data) at most this often; a client pinging faster "
                                       "is sent GOAWAY (too_many_pings); >= 0",
     "keepalive_permit_without_calls": "accept keepalive pings on connections with no call running (true/false)",
-    "workers": "threads that validate and tokenise requests off the event loop; >= 1",
+    "workers": "threads that validate and tokenise large requests (over 2,000 characters) off the event loop; >= 1",
     "engine_core": "where the engine (ONNX Runtime, slot cache, scheduler, decode loop) runs: thread (in this "
                    "process, beside the gRPC/HTTP frontend) or process (a core process of its own: a crash or a "
                    "stuck loop there fails the calls in flight UNAVAILABLE and the core restarts while the "

@@ -85,15 +85,24 @@ def test_long_text_refused_before_tokenisation(server, client, monkeypatch):
     assert seen == []  # refused on its size alone
 
 
-def test_tokenisation_runs_off_the_event_loop(server, client, monkeypatch):
+def test_large_requests_are_tokenised_off_the_event_loop(server, client, monkeypatch):
+    """A request over INLINE_CHARS is split and tokenised in a worker thread (one long document must not hold up
+    every stream's writes); a small one on the loop (the hand-off cost more than the work)."""
+    from server.admission import INLINE_CHARS
     model = server.app.models[MODEL]
     threads, inner = [], model.encode_texts
     monkeypatch.setattr(model, "encode_texts", lambda *args: threads.append(threading.current_thread()) or
                         inner(*args))
+    long_text = " ".join(["A dog runs on the beach."] * (INLINE_CHARS // 24 + 1))
+    assert len(long_text) > INLINE_CHARS
+    client.translate([long_text], max_output_tokens=4)
+    sentence = "A dog with a red ball runs along the beach near the old harbour wall at dawn."
+    client.embed([sentence] * (INLINE_CHARS // len(sentence) + 1))  # the texts' characters add up
     client.translate(["A dog runs."])
     client.embed(["A dog runs."])
-    assert len(threads) == 2
-    assert all(t is not server._thread and t.name.startswith("nmt-prep") for t in threads)
+    assert len(threads) == 4
+    assert all(t is not server._thread and t.name.startswith("nmt-prep") for t in threads[:2]), threads
+    assert all(t is server._thread for t in threads[2:]), threads
 
 
 # -- 3. float options: NaN, infinities, out of range --------------------------------------------

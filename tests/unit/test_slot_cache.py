@@ -1,0 +1,65 @@
+"""SlotCache.release: every survivor's whole state lands where moving one row at a time would put it."""
+import numpy as np
+import pytest
+
+from models.core.bundle import ModelSpec
+from models.core.kv_cache import SlotCache
+
+SPEC = ModelSpec(vocab_size=20, d_model=8, n_heads=2, n_enc_layers=1, n_dec_layers=2, pad_id=0, bos_id=1,
+                 eos_id=2, max_positions=32)
+
+
+def filled_cache(rng, rows: int) -> SlotCache:
+    cache = SlotCache(SPEC, slots=12, max_source=6, max_target=9)
+    for _ in range(rows):
+        s = int(rng.integers(1, 7))
+        mask = np.arange(6) < s
+        cross = rng.standard_normal((2, 2, 6, 4)).astype(np.float32)
+        cache.allocate(cross, -cross, mask, 1, int(rng.integers(3, 20)))
+    n = cache.used
+    cache.length[:n] = rng.integers(0, 10, n)
+    cache.k[:] = rng.standard_normal(cache.k.shape)
+    cache.v[:] = rng.standard_normal(cache.v.shape)
+    cache.inputs[:] = rng.integers(0, 20, cache.inputs.shape)
+    return cache
+
+
+def state_by_row(cache: SlotCache) -> dict:
+    """What each running row owns (up to its own lengths), keyed by the Row object."""
+    out = {}
+    for row in cache.rows:
+        i, n, s = row.slot, int(cache.length[row.slot]), int(cache.src_len[row.slot])
+        out[id(row)] = (row.token, n, s, cache.k[:, i, :, :n].copy(), cache.v[:, i, :, :n].copy(),
+                        cache.cross_k[:, i, :, :s].copy(), cache.cross_v[:, i, :, :s].copy(),
+                        cache.src_mask[i].copy(), cache.inputs[i, :n].copy())
+    return out
+
+
+def one_at_a_time(cache: SlotCache, rows) -> list:
+    """The row order the one-move-per-hole rule gives (highest hole first, the last row fills it)."""
+    order = list(cache.rows)
+    for hole in sorted((r.slot for r in rows), reverse=True):
+        if hole != len(order) - 1:
+            order[hole] = order[-1]
+        order.pop()
+    return order
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_release_moves_every_survivor_whole(seed):
+    rng = np.random.default_rng(seed)
+    cache = filled_cache(rng, int(rng.integers(1, 13)))
+    leaving = [r for r in cache.rows if rng.random() < 0.4]
+    before, order = state_by_row(cache), one_at_a_time(cache, leaving)
+    cache.release(leaving)
+    assert cache.rows == order and [r.slot for r in cache.rows] == list(range(len(order)))
+    assert all(r.slot == -1 for r in leaving)
+    after = state_by_row(cache)
+    assert set(after) == set(before) - {id(r) for r in leaving}
+    for key, want in after.items():
+        got = before[key]
+        assert got[:3] == want[:3]
+        for a, b in zip(got[3:], want[3:]):
+            assert np.array_equal(a, b)
+    n = cache.used
+    assert (cache.src_len[:n] == cache.src_mask[:n].sum(1)).all()

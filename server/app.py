@@ -23,7 +23,7 @@ from server.http.app import HttpFrontend
 from server.http.edge import Edge
 from server.lifecycle import Health, enable_reflection, server_options
 from server.metrics import Metrics
-from server.observability import tracing
+from server.observability import looplag, tracing
 from server.observability.logs import config_summary
 from server.security.wiring import Security
 from server.service import TranslatorService
@@ -57,6 +57,7 @@ class TranslationServer:
         self._stopped = asyncio.Event()
         self._hurry = asyncio.Event()  # a second stop request ends the lame-duck period early
         self._watchdog: Optional[asyncio.Task] = None
+        self._loop_lag: Optional[asyncio.Task] = None  # nmt_event_loop_lag_seconds (server/observability/looplag.py)
         self.engine_failure: Optional[str] = None  # set by the watchdog; the process then exits non-zero
         self.tracer: Optional[tracing.RpcTracer] = None  # OpenTelemetry, when configured (server/observability/)
         self._loop: Optional[asyncio.AbstractEventLoop] = None
@@ -99,6 +100,7 @@ class TranslationServer:
             self.metrics_port = self._metrics_http[0].server_port
         self.admission.quota_of = self.security.quota_of
         await self.server.start()
+        self._loop_lag = asyncio.create_task(looplag.watch(self.metrics.loop_lag), name="loop-lag")
         count = 1 if self.attach else cfg.frontend_processes
         if cfg.http_port >= 0:
             await loop.run_in_executor(None, self.admission.identifier.warm)  # the language model: ~0.3 s, once
@@ -249,6 +251,8 @@ class TranslationServer:
         if self.http is not None:
             await self.http.stop()
         self.executor.shutdown(wait=False, cancel_futures=True)
+        if self._loop_lag is not None:
+            self._loop_lag.cancel()
         if self._metrics_http:
             self._metrics_http[0].shutdown()
         if self.tracer is not None:  # export the spans still buffered (bounded by the exporter's timeout)

@@ -69,6 +69,12 @@ class Metrics:
                                             registry=r)
         self.split_time = Histogram("nmt_sentence_split_duration_seconds", "Time to split a request's texts into "
                                     "sentences (and tokenise them).", ["model"], buckets=STEP_BUCKETS, registry=r)
+        # A frontend's event loop behind its timers: the time a ready callback (a new call, a stream's next
+        # write) waits for the loop. The engine's TTFT and queue time start when admission has run, so a
+        # saturated frontend is invisible in them (server/observability/looplag.py).
+        self.loop_lag = Histogram("nmt_event_loop_lag_seconds", "How late the frontend's asyncio event loop ran "
+                                  "a timer due every 0.1 s: the wait of everything ready on the loop.",
+                                  buckets=STEP_BUCKETS, registry=r)
         self.stream_messages = Counter("nmt_stream_messages_total",
                                        "TranslateStream messages sent; each carries one or more tokens.",
                                        ["model"], registry=r)

@@ -264,6 +264,31 @@ def test_process_and_build_info_metrics(served):
         {"model": name, "__value__": 1024.0} for name in SHIPPED]
 
 
+def test_a_blocked_event_loop_shows_in_the_loop_lag_histogram():
+    """nmt_event_loop_lag_seconds: while the loop is blocked for 0.4 s, its 0.1 s timer comes due and
+    runs at least 0.3 s late, so one more observation lands above 0.256 s (the engine's own latency
+    histograms start at admission and cannot show a saturated frontend)."""
+    srv = ServerThread(http_port=-1, warmup=False).start()
+
+    def slow_and_all() -> tuple[float, float]:
+        total = srv.metric("nmt_event_loop_lag_seconds_count")
+        return total - srv.metric("nmt_event_loop_lag_seconds_bucket", le="0.256"), total
+
+    async def block() -> None:
+        time.sleep(0.4)  # what a long synchronous step in a handler would do to every other call
+
+    try:
+        slow_before, _ = slow_and_all()
+        asyncio.run_coroutine_threadsafe(block(), srv.loop).result(10)
+        end = time.monotonic() + 10
+        while (now := slow_and_all())[0] == slow_before and time.monotonic() < end:
+            time.sleep(0.05)
+        assert now[0] >= slow_before + 1, now
+        assert srv.metric("nmt_event_loop_lag_seconds_sum") >= 0.3
+    finally:
+        srv.stop()
+
+
 _PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
                  "offset", "inf", "nan"}
 

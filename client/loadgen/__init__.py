@@ -37,6 +37,10 @@ Level fields:
     late_sends: open loop sends that left more than 10 ms after their scheduled time (a
         saturated client: the offered load was not really offered)
     max_send_lag_ms: the largest of those delays
+    client_loop_lag_ms: how late the load generator's own event loop ran a timer due every 50 ms
+        ({n, mean, std, p50, p90, p99}): a response that has arrived waits about that long before
+        it is read, so large values mean the latencies include the client's own wait (it shares
+        CPU with the server, or needs more client processes); the report says so above 20 ms p99
     output_tokens: output tokens of the OK requests, as the server reported them
     texts: texts translated by the OK requests (a unary call may carry several)
     achieved_rps: OK requests per second of duration_s

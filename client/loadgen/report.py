@@ -66,6 +66,10 @@ class Progress:
             self.stream.flush()
 
 
+# A client whose own loop runs later than this (p99) is measuring itself as well as the server.
+CLIENT_LAG_MS = 20.0
+
+
 def label(lv: dict) -> str:
     return f"c={lv['concurrency']}" if lv.get("mode", "closed") == "closed" else f"{lv['offered_rps']:g} rps"
 
@@ -117,6 +121,10 @@ def table(levels: list[dict]) -> str:
             lines.append(f"{label(lv)}: errors by code {errors}")
         if lv.get("stability"):
             lines.append(f"{label(lv)}: {lv['stability']}")
+        lag = (lv.get("client_loop_lag_ms") or {}).get("p99")
+        if lag is not None and lag > CLIENT_LAG_MS:
+            lines.append(f"{label(lv)}: this client's event loop ran up to {lag:.0f} ms late (p99): the latencies "
+                         "include the load generator's own wait (give it a machine or more processes)")
         srv = lv.get("server") or {}
         if srv.get("matches_client") is False:
             lines.append(f"{label(lv)}: server counted {srv.get('requests')} but the client {lv.get('calls')} "

@@ -14,7 +14,7 @@ from typing import Any, Awaitable, Callable, Optional, Sequence
 
 import grpc
 
-from client.loadgen.measure import LevelStats, Sample, Slo, summarize
+from client.loadgen.measure import LevelStats, Sample, Slo, stats_ms, summarize
 
 SendFn = Callable[[int], Awaitable[Sample]]
 # Called after each request with the finished sample and the number still in flight.
@@ -30,6 +30,7 @@ class LevelResult:
     sending_until: float = 0.0  # last send, from the level start
     samples: list[Sample] = field(default_factory=list)
     unsent: int = 0  # open loop: scheduled sends skipped at the hard stop
+    loop_lags: list[float] = field(default_factory=list)  # how late this client's event loop ran its timer
 
     @property
     def errors(self) -> int:
@@ -39,7 +40,35 @@ class LevelResult:
         """The level's JSON (fields documented in client/loadgen/__init__.py)."""
         stats = summarize(self.samples, LevelStats(self.seconds, self.sending_until, slo or Slo(), window_s))
         return {"mode": self.mode, "concurrency": self.concurrency, "offered_rps": self.offered_rps,
-                **stats, "unsent": self.unsent}
+                **stats, "unsent": self.unsent, "client_loop_lag_ms": stats_ms(self.loop_lags)}
+
+
+LOOP_TICK_S = 0.05
+
+
+async def _watch_loop(lags: list[float]) -> None:
+    """Record how late this event loop runs a timer due every LOOP_TICK_S: the time a response that
+    has arrived waits before the client reads it. Large values mean the measured latencies include
+    the load generator's own wait (it shares its CPU with what it measures, or needs more processes)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        due = loop.time() + LOOP_TICK_S
+        await asyncio.sleep(LOOP_TICK_S)
+        lags.append(max(0.0, loop.time() - due))
+
+
+class _LoopWatch:
+    """`async with _LoopWatch(result):` runs _watch_loop for the level."""
+
+    def __init__(self, result: LevelResult):
+        self.result = result
+
+    async def __aenter__(self) -> None:
+        self.task = asyncio.create_task(_watch_loop(self.result.loop_lags))
+
+    async def __aexit__(self, *exc) -> None:
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
 
 
 async def _attempt(send: SendFn, i: int) -> Sample:
@@ -104,11 +133,12 @@ async def closed_loop(send: SendFn, concurrency: int, *, requests: Optional[int]
                 (duration is None or time.perf_counter() - t0 < duration):
             i, started = started, started + 1  # one event loop: no await between the check and the claim
             await flight.run(send, i)
-    workers = asyncio.gather(*(worker() for _ in range(concurrency)))
-    try:
-        await asyncio.wait_for(workers, hard_stop)
-    except asyncio.TimeoutError:
-        flight.cancel_rest()
+    async with _LoopWatch(result):
+        workers = asyncio.gather(*(worker() for _ in range(concurrency)))
+        try:
+            await asyncio.wait_for(workers, hard_stop)
+        except asyncio.TimeoutError:
+            flight.cancel_rest()
     result.seconds = time.perf_counter() - t0
     return result
 
@@ -121,25 +151,26 @@ async def open_loop(send: SendFn, times: Sequence[float], *, hard_stop: Optional
     result = LevelResult("open", offered_rps=rate)
     t0 = time.perf_counter()
     flight = _Flight(result, t0, progress)
-    tasks: set[asyncio.Task] = set()
-    for i, at in enumerate(float(t) for t in times):  # plain floats: numpy scalars would leak into the JSON
-        if hard_stop is not None and at >= hard_stop:
-            result.unsent = len(times) - i
-            break
-        delay = t0 + at - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        lag = max(0.0, time.perf_counter() - t0 - at)
-        task = asyncio.create_task(flight.run(send, i, lag))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-    if tasks:
-        left = None if hard_stop is None else max(0.0, hard_stop - (time.perf_counter() - t0))
-        _, pending = await asyncio.wait(set(tasks), timeout=left)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        flight.cancel_rest()
+    async with _LoopWatch(result):
+        tasks: set[asyncio.Task] = set()
+        for i, at in enumerate(float(t) for t in times):  # plain floats: numpy scalars would leak into the JSON
+            if hard_stop is not None and at >= hard_stop:
+                result.unsent = len(times) - i
+                break
+            delay = t0 + at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            lag = max(0.0, time.perf_counter() - t0 - at)
+            task = asyncio.create_task(flight.run(send, i, lag))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            left = None if hard_stop is None else max(0.0, hard_stop - (time.perf_counter() - t0))
+            _, pending = await asyncio.wait(set(tasks), timeout=left)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            flight.cancel_rest()
     result.seconds = time.perf_counter() - t0
     return result
 

@@ -79,7 +79,7 @@ def run_json(tmp_path, name: str, *args: str) -> dict:
 def check_schema(level: dict, with_server: bool) -> None:
     for name in documented("Level fields:"):
         assert name in level, name
-    for key in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
+    for key in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "client_loop_lag_ms"):
         assert set(level[key]) == {"n", "mean", "std", "p50", "p90", "p99"}
     assert set(level["quantiles_ms"]) == {"ttft", "tpot", "e2e"}
     assert all(set(w) >= {"start_s", "end_s", "rps", "output_tokens_per_s", "ttft_p90_ms", "e2e_p90_ms"}
@@ -133,6 +133,25 @@ def test_open_loop_sends_the_seeded_schedule(server, tmp_path):
     assert lv["server"]["requests"] == lv["calls"]
     assert lv["server"]["output_tokens"] == lv["output_tokens"]
     assert sum(delta(before, server_counts(server)).values()) == lv["sent"] + 3
+
+
+def test_a_busy_client_loop_is_measured_and_reported():
+    """client_loop_lag_ms: a request that holds the load generator's event loop for 0.3 s makes its 50 ms
+    timer run at least 0.25 s late, and the report says the latencies include the client's own wait."""
+
+    from client.loadgen.measure import Sample
+    from client.loadgen.report import table
+    from client.loadgen.runner import closed_loop
+
+    async def send(i: int) -> Sample:
+        await asyncio.sleep(0.12)  # the timer is armed and waiting ...
+        time.sleep(0.3)  # ... while the loop is held, as a CPU-starved client's would be
+        return Sample(None, [], 0.42, 1)
+
+    lv = asyncio.run(closed_loop(send, 1, requests=2)).summary()
+    lag = lv["client_loop_lag_ms"]
+    assert lag["n"] >= 2 and lag["p99"] >= 250 and lag["p50"] >= 0, lag
+    assert "this client's event loop ran up to" in table([lv])
 
 
 def test_schedules_and_plans_are_reproducible():

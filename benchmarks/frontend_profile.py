@@ -88,6 +88,43 @@ IDLE = {("_worker", "concurrent/futures/thread.py"), ("_PollLikeSelector.select"
         ("Thread.run", "threading.py"), ("Scheduler.wait_for_work", "server/core/scheduler.py")}
 
 
+# A request's pipeline stages, for the table over every thread: a sample goes to the stage of the
+# innermost repository frame on its stack (first matching rule), so ONNX Runtime's time under the
+# encoder call is "encode", the tokenizer's under admission is "tokenise", logging under the call's
+# record is "log and metrics". No repository frame: grpc.aio and asyncio between handlers.
+STAGES = (
+    ("tokenise", lambda func, file: file == "models/core/tokenizer.py" and "decode" not in func
+     and "pieces_to_text" not in func),
+    ("detokenise", lambda func, file: file in ("models/core/tokenizer.py", "server/detok.py")),
+    ("encode (encoder pass)", lambda func, file: ("encode" in func or "embed" in func)
+     and file in ("models/core/runtime.py", "server/core/engine.py")),
+    ("decode (steps, token choice, bookkeeping)", lambda func, file: file.startswith(
+        ("models/core/inplace_step.py", "models/core/static_decode.py", "models/core/kv_cache.py",
+         "models/core/runtime.py", "server/core/engine.py", "server/core/choose.py", "server/core/controls.py",
+         "server/core/runaway.py", "server/core/loop.py"))
+     or (file == "server/core/scheduler.py" and func.split(".")[-1].lstrip("_") not in ("schedule", "submit"))),
+    ("split into sentences", lambda func, file: file.startswith(("server/documents/segment.py",
+                                                                "server/documents/plan.py",
+                                                                "server/documents/placeholders.py"))),
+    ("assemble the answer", lambda func, file: file.startswith("server/documents/")),
+    ("route and check (admission, language id)", lambda func, file: file in ("server/admission.py",
+                                                                             "server/language_id.py")),
+    ("queue (submit, schedule)", lambda func, file: file in ("server/hosted.py", "server/core/scheduler.py",
+                                                             "server/core/request.py")),
+    ("hop (relay, core link)", lambda func, file: file == "server/relay.py" or file.startswith("server/coreprocess/")),
+    ("log and metrics", lambda func, file: file.startswith(("server/observability/", "server/metrics.py"))),
+    ("handler and response messages", lambda func, file: file.startswith(("server/service.py", "server/wire.py",
+                                                                          "server/gateway.py"))),
+)
+
+
+def stage_of(frames: list[tuple[str, str]]) -> str:
+    for func, file in reversed(frames):
+        if file.startswith(("server/", "models/")) and file != "server/__main__.py":
+            return next((label for label, match in STAGES if match(func, file)), f"other ({file})")
+    return "grpc.aio and asyncio between handlers"
+
+
 def thread_kind(name: str) -> str:
     if name.startswith("engine-"):
         return "engine thread"
@@ -104,6 +141,7 @@ def summarise(samples) -> dict:
     by_thread: collections.Counter = collections.Counter()
     by_component: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     stages: collections.Counter = collections.Counter()
+    pipeline: collections.Counter = collections.Counter()  # every thread, by request stage
     idle = 0
     for thread, frames, n in samples:
         if frames and frames[-1] in IDLE:
@@ -113,13 +151,14 @@ def summarise(samples) -> dict:
         by_thread[kind] += n
         leaf = frames[-1][1] if frames else ""
         by_component[kind][component(leaf) if leaf else "native"] += n
+        pipeline[stage_of(frames)] += n
         if kind == "event loop (frontend)":
             # The innermost repository function on the stack: the stage of a request that was running
             # (with whatever grpc, protobuf or asyncio code it called).
             ours = [f"{func} ({file})" for func, file in frames
                     if file.startswith(("server/", "models/")) and file != "server/__main__.py"]
             stages[ours[-1] if ours else "grpc.aio and asyncio between handlers"] += n
-    return {"threads": by_thread, "components": by_component, "stages": stages, "idle": idle}
+    return {"threads": by_thread, "components": by_component, "stages": stages, "pipeline": pipeline, "idle": idle}
 
 
 def server_cpu(pid: int) -> float:
@@ -133,6 +172,11 @@ def output_tokens(metrics_port: int) -> float:
                if line.startswith("nmt_output_tokens_total{"))
 
 
+def finished_calls(metrics_port: int) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("nmt_requests_total{"))
+
+
 def profile(load: list[str], seconds: float, py_spy: str) -> dict:
     server = ServerProcess("--log-level", "warning").start()
     port, metrics_port = server.port, server.metrics_port
@@ -144,10 +188,12 @@ def profile(load: list[str], seconds: float, py_spy: str) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "raw.txt"
             cpu0, tok0, t0 = server_cpu(server.pid), output_tokens(metrics_port), time.perf_counter()
+            calls0 = finished_calls(metrics_port)
             spy = subprocess.run([py_spy, "record", "--pid", str(server.pid), "--duration", str(int(seconds)),
                                   "--rate", str(RATE), "--format", "raw", "--threads", "--function", "-o", str(out)],
                                  check=True, capture_output=True, text=True)
             cpu1, tok1, t1 = server_cpu(server.pid), output_tokens(metrics_port), time.perf_counter()
+            calls = finished_calls(metrics_port) - calls0
             samples = parse(out.read_text())
             if "behind" in spy.stdout + spy.stderr:
                 print("  warning: py-spy fell behind its sampling rate; the µs figures are low", file=sys.stderr)
@@ -158,6 +204,7 @@ def profile(load: list[str], seconds: float, py_spy: str) -> dict:
     # A sample is one 10 ms tick (100 Hz) of one thread on a CPU: ticks x 10 ms = that thread's CPU time.
     tick_s = 1 / RATE
     return {"summary": summarise(samples), "cpu_s": cpu1 - cpu0, "tokens": tokens, "wall_s": t1 - t0,
+            "calls": calls, "tokens_per_call": tokens / max(calls, 1),
             "us_per_token": 1e6 * (cpu1 - cpu0) / max(tokens, 1), "us_per_sample_token": 1e6 * tick_s / max(tokens, 1)}
 
 
@@ -173,12 +220,15 @@ def render(results: dict, argv: Sequence[str]) -> str:
         total = sum(s["threads"].values())
         per = r["us_per_sample_token"]  # µs of CPU per output token that one sample stands for
         visible = per * total
+        native = r['us_per_token'] - visible
+        split = (f"{visible:.0f} µs in threads running Python (sampled; {s['idle']:,} samples of threads blocked in a "
+                 f"queue, lock or select dropped) and {native:.0f} µs in native threads (ONNX Runtime's intra-op pool, "
+                 "grpc's core)") if native >= 0 else \
+            (f"the sampled Python threads stand for {visible:.0f} µs, more than the CPU time: py-spy also counts a "
+             "thread waiting for the interpreter lock as running, so read the shares, not the sum")
         out += [f"## {name}", "",
                 f"{r['tokens']:,.0f} output tokens in {r['wall_s']:.1f} s ({r['tokens'] / r['wall_s']:,.0f} tokens/s); "
-                f"server CPU {r['cpu_s']:.1f} s = **{r['us_per_token']:.0f} µs per output token**, of which "
-                f"{visible:.0f} µs in threads running Python (sampled; {s['idle']:,} samples of threads blocked in a "
-                f"queue, lock or select dropped) and {r['us_per_token'] - visible:.0f} µs in native threads (ONNX "
-                "Runtime's intra-op pool, grpc's core).",
+                f"server CPU {r['cpu_s']:.1f} s = **{r['us_per_token']:.0f} µs per output token**; {split}.",
                 "", "| thread | share of Python samples | µs per token |", "|---|---|---|"]
         for kind, n in s["threads"].most_common():
             out.append(f"| {kind} | {100 * n / total:.1f}% | {per * n:.0f} |")
@@ -190,6 +240,12 @@ def render(results: dict, argv: Sequence[str]) -> str:
                     "|---|---|---|"]
             for label, n in comp.most_common(14):
                 out.append(f"| {label} | {100 * n / total:.1f}% | {per * n:.0f} |")
+        tpc = r.get("tokens_per_call", 0.0)
+        out += ["", f"Every thread, by the request's stage (the innermost repository function on the stack; "
+                f"{r.get('calls', 0):,.0f} calls of {tpc:.1f} output tokens each in the window):", "",
+                "| stage | share of Python samples | µs per token | µs per call |", "|---|---|---|---|"]
+        for label, n in s["pipeline"].most_common():
+            out.append(f"| {label} | {100 * n / total:.1f}% | {per * n:.1f} | {per * n * tpc:,.0f} |")
         out += ["", "event loop, by the innermost repository function on the stack (the request's stage, with the "
                 "grpc/protobuf/asyncio code it called):", "",
                 "| stage | share of Python samples | µs per token |", "|---|---|---|"]

@@ -88,6 +88,17 @@ def measure(bundle_path: Path, rows: int, steps: int, mode: str, threads: int, f
             session.run_with_iobinding = ort_calls[-1]
     update = Timed(sched.update)
     sched.update = update
+    # What a step hands back to the host: with the in-place decoder the caches stay bound where they are,
+    # so it is the logits, (rows, vocabulary) float32 (issue 21's target: <= 16 bytes per row).
+    fetched = [0, 0]  # bytes, rows
+    step_logits = engine.step_logits
+
+    def counted_step_logits():
+        logits = step_logits()
+        fetched[0] += logits.nbytes
+        fetched[1] += logits.shape[0]
+        return logits
+    engine.step_logits = counted_step_logits
     # --forced-length: every request decodes exactly N tokens (EOS banned before), so two modes whose
     # outputs differ still do the same ONNX Runtime work and their ratio is the cost of the mode alone.
     length = dict(max_output_tokens=forced_length, min_output_tokens=forced_length) if forced_length else \
@@ -113,6 +124,7 @@ def measure(bundle_path: Path, rows: int, steps: int, mode: str, threads: int, f
     for t in ort_calls:
         t.total = 0.0
     update.total = 0.0
+    fetched[:] = [0, 0]
     batch_sizes, wall = [], 0.0
     for _ in range(steps):
         refill()  # the benchmark's own submissions (tokenising new jobs) are not the engine's time
@@ -125,7 +137,8 @@ def measure(bundle_path: Path, rows: int, steps: int, mode: str, threads: int, f
     return {"mode": mode, "variant": variant, "rows": rows, "steps": steps, "mean_rows": statistics.mean(batch_sizes),
             "wall_ms_per_step": 1000 * wall / steps, "ort_ms_per_step": 1000 * in_ort / steps,
             "python_ms_per_step": 1000 * (wall - in_ort) / steps, "update_ms_per_step": 1000 * update.total / steps,
-            "python_share": (wall - in_ort) / wall, "tokens_per_s": tokens / wall}
+            "python_share": (wall - in_ort) / wall, "tokens_per_s": tokens / wall,
+            "host_bytes_per_row": fetched[0] / max(fetched[1], 1)}
 
 
 def main(argv=None) -> int:
@@ -158,7 +171,7 @@ def main(argv=None) -> int:
                  f"{m['cores']} cores; commit {m['commit']}, "
                  f"{'tiny random model' if args.tiny else path.parent.name + '/' + path.name}", "",
                  "| mode | rows | mean rows | ms/step | in ONNX Runtime | Python | of which update | Python share | "
-                 "tokens/s | vs first case |", "|---|---|---|---|---|---|---|---|---|---|"]
+                 "tokens/s | vs first case | to the host per row and step |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         # Every (mode, variant) pair is one case; the cases rotate each round.
         cases = [(mode, variant) for mode in args.mode for variant in args.variants]
         label = (lambda c: c[0]) if len(args.variants) == 1 else (lambda c: f"{c[0]} {c[1]}")
@@ -181,7 +194,7 @@ def main(argv=None) -> int:
                 lines.append(f"| {label(case)} | {rows} | {med['mean_rows']:.0f} | {med['wall_ms_per_step']:.2f} | "
                              f"{med['ort_ms_per_step']:.2f} | {med['python_ms_per_step']:.2f} | "
                              f"{med['update_ms_per_step']:.2f} | {100 * med['python_share']:.0f}% | "
-                             f"{med['tokens_per_s']:,.0f} | {ratio:.2f} |")
+                             f"{med['tokens_per_s']:,.0f} | {ratio:.2f} | {med['host_bytes_per_row']:,.0f} B |")
                 print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"
     if args.out:

@@ -24,6 +24,7 @@ import onnx
 from export import inplace
 from export import onnx as graphs
 from export.parity import graph_parity, inplace_parity
+from export.quantize import WEIGHT_BITS
 from export.variants import convert_fp16, quantize_int8
 from export.weights import share_weights
 from models.core.bundle import BUNDLE_FORMAT, load_bundle
@@ -97,6 +98,8 @@ def build_config(args, cfg, meta: dict, variants: dict, signatures: dict, import
         "decoding_defaults": {"beam": 5, "length_penalty": 1.0},
         "tokenizer": "tokenizer.json",
         "variants": variants,
+        # Read by models/core/runtime.py: int8 graphs of 8-bit weights are wrong on CPUs without VNNI.
+        **({"int8_weight_bits": WEIGHT_BITS} if "int8" in variants else {}),
         "signatures": signatures,
         "trained": {k: meta[k] for k in ("corpus", "epoch", "step", "val_bleu_greedy") if k in meta},
         **extra,

@@ -147,7 +147,7 @@ def render(state: dict, log: list[dict], quality: dict, name: str, selection: li
     lines += [
         "",
         f"Beam search: width {q['beam']}, length penalty α = {q['alpha']} (score = log-prob / length^α).",
-        f"int8 (weights per output channel, activations per row, so a sentence's output does not depend on "
+        f"int8 (7-bit weights per output channel, 8-bit activations per row, so a sentence's output does not depend on "
         f"its batch): BLEU change {-drop:+.2f} with beam search; "
         f"greedy decoding of the test set at batch 32 ran at {q['int8_speedup_greedy_b32']:.2f}× fp32's speed "
         "(same decoder, same process, one timed pass; at this model's width the int8 products save less than "

@@ -125,6 +125,29 @@ def session_options(opts: RuntimeOptions, shared: bool = False) -> ort.SessionOp
     return so
 
 
+def cpu_has_vnni() -> Optional[bool]:
+    """Whether the CPU multiplies bytes into 32-bit sums (VNNI or AMX); None where /proc/cpuinfo
+    says nothing (not Linux, not x86)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), None)
+    except OSError:
+        return None
+    if flags is None:
+        return None
+    return bool({"avx512_vnni", "avx_vnni", "amx_int8"} & set(flags))
+
+
+def int8_problem(bundle: Bundle, vnni: Optional[bool]) -> Optional[str]:
+    """Why this bundle's int8 graphs would compute wrong products on this CPU, or None."""
+    bits = bundle.config.get("int8_weight_bits", 8)  # bundles from before export/quantize.py's 7 bits
+    if bits <= 7 or vnni is not False:
+        return None
+    return (f"{bundle.name}: its int8 graphs have {bits}-bit weights, and this CPU has no VNNI: ONNX Runtime's "
+            "uint8 x int8 product saturates here (docs/export.md), so int8 outputs will be worse than the card "
+            "says; re-export the model with `python -m export ... --int8` (7-bit weights) or serve fp32")
+
+
 class OnnxModel:
     """The encoder and decoder-step sessions of one bundle variant."""
 
@@ -133,6 +156,10 @@ class OnnxModel:
         self.spec = bundle.spec
         self.opts = opts or RuntimeOptions()
         self.providers = resolve_providers(self.opts.provider)
+        if self.opts.variant == "int8" and self.providers[0] == "CPUExecutionProvider":
+            problem = int8_problem(bundle, cpu_has_vnni())
+            if problem:
+                log.warning(problem)
         self.encoder = self._session("encoder")
         self.inplace = self._session("decoder_inplace") if self._wants_inplace() else None
         # decoder_step.onnx is loaded when first used (the copying engine path, the static decoders):

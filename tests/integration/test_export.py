@@ -234,3 +234,49 @@ def test_int8_refuses_a_graph_whose_operators_change_meaning_at_opset_21(tmp_pat
     with pytest.raises(ValueError, match="ReduceMean, Split"):
         quantize_rowwise(src, tmp_path / "new.onnx")
     assert not (tmp_path / "new.onnx").exists()
+
+
+def test_int8_weights_use_seven_bits(repo):
+    """Every int8 weight of every int8 graph lies in -63..63: with 8-bit weights a CPU without VNNI
+    (AVX2's vpmaddubsw adds product pairs into a saturating int16) computed wrong products."""
+    import onnx
+    from onnx import numpy_helper
+    _, out = repo
+    bundle = out / "tiny-xx-yy" / "1"
+    for graph in sorted(bundle.glob("*.int8.onnx")):
+        model = onnx.load(str(graph))  # external data too: weights.int8.bin
+        weights = [numpy_helper.to_array(i) for i in model.graph.initializer if i.data_type == onnx.TensorProto.INT8]
+        assert weights, graph.name
+        assert max(int(np.abs(w.astype(np.int32)).max()) for w in weights) <= 63, graph.name
+
+
+def test_int8_product_is_exact_at_the_extremes(tmp_path):
+    """One quantised product at its largest pairs (every activation at the top of its row's range,
+    every weight at its column's): ONNX Runtime's result equals the same quantisation done exactly in
+    numpy, on whatever CPU runs this (8-bit weights saturated on AVX2: off by thousands here)."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from export.quantize import WEIGHT_LEVELS, quantize_rowwise
+    from models.core.runtime import RuntimeOptions, session_options, use_shared_pool
+    k, n = 256, 16
+    w = np.where(np.arange(n) % 2 == 0, 1.0, -1.0)[None, :].repeat(k, 0).astype(np.float32)  # (K, N) at +-max
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "one",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", n])],
+                              initializer=[numpy_helper.from_array(w, "w")])
+    src, dst = tmp_path / "fp32.onnx", tmp_path / "int8.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(src))
+    assert quantize_rowwise(src, dst) == 1
+    x = np.full((3, k), 2.5, np.float32)
+    x[1] = -x[1]
+    x[2, ::2] = -2.5  # a row whose pairs cancel: saturation shows as a non-zero sum
+    options = session_options(RuntimeOptions(), shared=use_shared_pool(0))  # as every session of the suite
+    got = ort.InferenceSession(str(dst), options, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    s = np.abs(x).max(axis=1, keepdims=True) / 127.0
+    q = np.round(x / s).astype(np.int64)  # the activation minus its zero point, -127..127
+    w_scale = np.abs(w).max(axis=0) / WEIGHT_LEVELS
+    w_q = np.round(w / w_scale).astype(np.int64)
+    want = (q @ w_q) * w_scale * s
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-3)

@@ -27,7 +27,7 @@ from onnx import TensorProto, helper
 HEADS, HEAD_DIM = 4, 32
 
 
-def _session(graph, opsets: dict, provider: str) -> ort.InferenceSession:
+def make_session(graph, opsets: dict, provider: str) -> ort.InferenceSession:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()])
     model.ir_version = 10
     providers = ["CUDAExecutionProvider"] if provider == "cuda" else ["CPUExecutionProvider"]
@@ -52,7 +52,7 @@ def gqa(rows: int, cap: int, elem: int, provider: str) -> ort.InferenceSession:
                             num_heads=h, kv_num_heads=h)
     graph = helper.make_graph([node], "gqa", [helper.make_tensor_value_info(*x) for x in io],
                               [helper.make_tensor_value_info(n, elem, None) for n in ("y", "pko", "pvo")])
-    return _session(graph, {"": 21, "com.microsoft": 1}, provider)
+    return make_session(graph, {"": 21, "com.microsoft": 1}, provider)
 
 
 def attention(rows: int, cap: int, elem: int, provider: str) -> ort.InferenceSession:
@@ -62,7 +62,7 @@ def attention(rows: int, cap: int, elem: int, provider: str) -> ort.InferenceSes
     node = helper.make_node("Attention", ["Q", "K", "V", "", "", "", "nonpad"], ["Y"])
     graph = helper.make_graph([node], "attention", [helper.make_tensor_value_info(*x) for x in io],
                               [helper.make_tensor_value_info("Y", elem, None)])
-    return _session(graph, {"": 24}, provider)
+    return make_session(graph, {"": 24}, provider)
 
 
 def measure(rows: int, cap: int, dtype: str, provider: str, rng) -> dict:

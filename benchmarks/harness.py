@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import signal
 import socket
 import subprocess
@@ -195,6 +196,24 @@ def cpu_seconds(pid: Optional[int] = None) -> float:
             continue
         total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return total
+
+
+def tree_rss_mb(pid: int) -> Optional[float]:
+    """VmRSS of process `pid` plus its live descendants' (/proc), in MB; None once `pid` has exited.
+    Pages the processes share count once per process, so this is an upper bound on what they use."""
+    own = process_rss_kb(pid)
+    if own is None:
+        return None
+    return (own + sum(process_rss_kb(p) or 0 for p in descendants(pid))) / 1024
+
+
+def process_rss_kb(pid: int) -> Optional[int]:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:  # exited
+        return None
+    m = re.search(r"^VmRSS:\s+(\d+) kB", status, re.M)
+    return int(m.group(1)) if m else None
 
 
 def descendants(pid: int) -> list[int]:

@@ -34,12 +34,9 @@ class ServerProcess(harness.ServerProcess):
         await asyncio.to_thread(super().wait_serving, timeout)
 
     def rss_mb(self) -> Optional[float]:
-        try:
-            status = Path(f"/proc/{self.proc.pid}/status").read_text()
-        except OSError:
-            return None  # exited
-        m = re.search(r"^VmRSS:\s+(\d+) kB", status, re.M)
-        return int(m.group(1)) / 1024 if m else None
+        """The server's resident memory with its live descendants' (harness.tree_rss_mb): with
+        --engine-core process the engine core and any extra frontends hold most of it."""
+        return harness.tree_rss_mb(self.proc.pid)
 
 
 class RssSampler:

@@ -11,6 +11,8 @@ folder with the device's name, the versions and the command that made it:
   device      nvidia-smi, ONNX Runtime's providers and the versions (device.json)
   test        tests/integration/test_gpu.py: CUDA tokens = CPU tokens (test_gpu.log)
   static      benchmarks.gpu_static: ONNX Runtime alone, CPU fp32 vs CUDA fp32 / fp16, batch 1-256
+  ops         benchmarks.attention_ops (GQA fp16 vs opset-24 Attention over a shared buffer) and
+              benchmarks.choice_ops (greedy choice on the device vs the logits copied to the host)
   serve-fp32  benchmarks.serving_load on the device, in-process and through gRPC, 1-256 streams
   serve-fp16  the same in fp16
   serve-cpu   the same server on the host's CPU cores: the same-run baseline for "10x the CPU"
@@ -21,7 +23,7 @@ folder with the device's name, the versions and the command that made it:
 README.md in the folder has a table of every step (status, seconds, command, files) and the
 frontend-scaling plot, rewritten after each step (a session cut off keeps what it measured). On the
 lent machine, whose commands stop at 10 minutes, run it in parts into one folder: `--only
-device,test,static`, then `--only serve-fp32,serve-fp16,serve-cpu`, then `--only frontends,marian`
+device,test,static,ops`, then `--only serve-fp32,serve-fp16,serve-cpu`, then `--only frontends,marian`
 (each part rewrites README.md with its own steps; keep the logs). `--provider cpu --quick` runs the same plumbing on a machine without a GPU
 in a minute or two (what CI checks: tests/integration/test_gpu_suite.py).
 """
@@ -43,7 +45,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = ("device", "test", "static", "serve-fp32", "serve-fp16", "serve-cpu", "frontends", "marian")
+STEPS = ("device", "test", "static", "ops", "serve-fp32", "serve-fp16", "serve-cpu", "frontends", "marian")
 
 
 @dataclass
@@ -98,6 +100,14 @@ def plan(args, out: Path, facts: dict) -> list[Step]:
     steps = [
         Step("test", [*py, "pytest", "-q", "-rs", "tests/integration/test_gpu.py"], ["test_gpu.log"], 600, no_cuda),
         Step("static", static, ["gpu_static.md", "gpu_static.json"], 600, no_cuda),
+        # The decode-step issue's two open design questions, answered on this device: an attention op that
+        # writes each row's cache in place (GQA in fp16 vs opset-24 Attention), and token choice on the
+        # device vs the logits copied to the host (docs/benchmarks/choice_ops.md has the CPU's answer).
+        Step("ops-attention", [*py, "benchmarks.attention_ops", "--provider", args.provider,
+                               "--dtype", "fp16" if cuda else "fp32"] + (["--capacity", "64"] if quick else []),
+             ["ops-attention.log"], 300, no_cuda),
+        Step("ops-choice", [*py, "benchmarks.choice_ops", "--provider", args.provider]
+             + (["--rows", "8", "--vocab", "1000"] if quick else []), ["ops-choice.log"], 600, no_cuda),
         Step("serve-fp32", [*load, "--provider", args.provider, "--variant", "fp32",
                             "--out", str(out / f"serving_{args.provider}_fp32.md")],
              [f"serving_{args.provider}_fp32.md"], 600, no_cuda),

@@ -47,9 +47,16 @@ def prepare(work: Path, precisions: list[str]) -> dict:
     repo = ROOT / "model_repository"
     from models.core.bundle import discover
     bundle = next(b.path for b in discover(repo) if b.name == CKPT.parent.name)  # its served (highest) version
+    # Our server serves the compared model alone, as the CTranslate2 peer does: with the whole repository
+    # (two models, both from English) every call that names no model would also pay for language
+    # identification, which routes between several models and which the peer never does.
+    alone = work / "repo-alone"
+    alone.mkdir(exist_ok=True)
+    if not (alone / bundle.parent.name).exists():
+        (alone / bundle.parent.name).symlink_to(bundle.parent)
     out = {}
     for prec in precisions:
-        ours_repo = repo
+        ours_repo = alone
         if prec == "int8" and "int8" not in json.loads((bundle / "config.json").read_text())["variants"]:
             ours_repo = work / "repo-int8"
             subprocess.run([sys.executable, "-m", "export", "--checkpoint", str(CKPT), "--out", str(ours_repo),

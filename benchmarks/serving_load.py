@@ -160,13 +160,18 @@ async def inprocess(args, texts) -> dict:
 
 async def through_grpc(args, texts) -> dict:
     from client.client import AsyncTranslatorClient
+    from models.core.bundle import discover
     server = ServerProcess(*server_flags(args), metrics=False).launch()
     clients = [AsyncTranslatorClient(server.target, timeout=300, retries=0, own_connection=args.connections > 1)
                for _ in range(args.connections)]
     try:
         await wait_serving(clients[0])
         cpu = lambda: (cpu_seconds(), cpu_seconds(server.pid))  # noqa: E731 (client, server and its children)
-        streams, turn = [grpc_stream(c) for c in clients], itertools.count()
+        # Every call names the model the in-process engine runs (the repository's first): the same work
+        # on both sides. A call naming no model, with several loaded, is also routed by language
+        # identification (server/admission.py), which the in-process path never does.
+        name = discover(args.repository)[0].name
+        streams, turn = [grpc_stream(c, model=name) for c in clients], itertools.count()
 
         def stream(text: str):  # round the connections (frontend processes, with --frontends)
             return streams[next(turn) % len(streams)](text)

@@ -286,6 +286,21 @@ def test_requests_without_a_source_language_are_routed_by_it(two_sources):
     assert two_sources.metric("nmt_language_detections_total", language="fr") >= 2
 
 
+def test_one_possible_source_language_is_not_identified(srv):
+    """The shipped models both translate from English: identifying a text's language cannot change the
+    route, so it is not done (as on a one-model server). A request naming nothing goes by its target
+    language, and nothing is counted as detected."""
+    before = srv.metric("nmt_language_detections_total", missing_ok=True)
+    with TranslatorClient(srv.target) as client:
+        plain = client.stub.Translate(pb.TranslateRequest(texts=["A man is riding a bike."]))
+        fr = client.stub.Translate(pb.TranslateRequest(texts=["A man is riding a bike."], target_language="fr"))
+        german = client.stub.Translate(pb.TranslateRequest(texts=[GERMAN]))  # translated as English, not refused
+    assert (plain.model, plain.detected_source_language) == ("multi30k-en-de-small", "")
+    assert (fr.model, fr.detected_source_language) == ("multi30k-en-fr-small", "")
+    assert german.model == "multi30k-en-de-small" and german.translations[0].hypotheses[0].text
+    assert srv.metric("nmt_language_detections_total", missing_ok=True) == before
+
+
 # -- bad input, hostile clients, health ---------------------------------------------------------
 def test_bad_input_gets_each_apis_error_and_the_grpc_side_keeps_serving(srv):
     big = b'{"texts": ["' + b"a" * (50 << 20) + b'"]}'

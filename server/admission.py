@@ -93,7 +93,6 @@ class Admission:
         self.models, self.default, self.limits, self.metrics = models, default, limits, metrics
         self.executor = executor
         self.identifier = LanguageIdentifier()  # requests that name no source language (server/language_id.py)
-        self._source_counts: dict[tuple[str, int], int] = {}  # (target, models loaded) -> source languages
         self.usage = CharacterUsage()  # characters per API key, and their quota (server/security/usage.py)
         self.quota_of: Callable[[str], int] = lambda key_id: 0  # a key id's character quota; the app sets it
 
@@ -122,14 +121,6 @@ class Admission:
         return sorted({s for m in self.models.values() for s, t in m.bundle.languages.pairs
                        if not target_language or t == target_language})
 
-    def _choices(self, target_language: str) -> int:
-        """len(sources(target_language)), kept per target: a many-to-many model has thousands of pairs, and
-        models are only added (at start), so the count is redone only when their number changed."""
-        key = (target_language, len(self.models))
-        if key not in self._source_counts:
-            self._source_counts[key] = len(self.sources(target_language))
-        return self._source_counts[key]
-
     def targets(self, source_language: str = "") -> list[str]:
         """The target languages some model translates `source_language` into (any source: "")."""
         return sorted({t for m in self.models.values() for s, t in m.bundle.languages.pairs
@@ -152,12 +143,9 @@ class Admission:
     def route(self, name: str, source_language: str, target_language: str, texts, mime_type: str = ""
               ) -> tuple[HostedModel, str, Optional[Detection]]:
         """(model, source language, the detection it came from or None). A request that names neither a
-        model nor a source language is routed by the language its texts are in when the loaded models
-        translate into its target from more than one language; otherwise its one possible source
-        language is the default, as with a single model. Identifying the language where it cannot change
-        the route cost 10% of the tokens/s at 64 streams with the shipped pair of models, both from
-        English (docs/serving_speed.md), and it would refuse text only there, not on a one-model server."""
-        detects = not name and not source_language and len(self.models) > 1 and self._choices(target_language) > 1
+        model nor a source language is routed by the language its texts are in when several models are
+        loaded (with one, its source language is the default)."""
+        detects = not name and not source_language and len(self.models) > 1
         if not detects or not any(t.strip() for t in texts):
             return self.model(name, source_language, target_language), source_language, None
         found = self.identifier.detect_all(texts, html="html" in mime_type.lower())

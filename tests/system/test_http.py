@@ -286,19 +286,23 @@ def test_requests_without_a_source_language_are_routed_by_it(two_sources):
     assert two_sources.metric("nmt_language_detections_total", language="fr") >= 2
 
 
-def test_one_possible_source_language_is_not_identified(srv):
-    """The shipped models both translate from English: identifying a text's language cannot change the
-    route, so it is not done (as on a one-model server). A request naming nothing goes by its target
-    language, and nothing is counted as detected."""
-    before = srv.metric("nmt_language_detections_total", missing_ok=True)
+def test_a_call_naming_its_model_is_not_identified(srv):
+    """Language identification routes calls that name neither a model nor a source language (and refuses
+    text confidently in an unserved language, even with the shipped pair, both from English); a call
+    naming its model skips it, which is what the benchmarks do (docs/serving_speed.md: ~10% of the
+    tokens/s at 64 streams)."""
     with TranslatorClient(srv.target) as client:
+        before = srv.metric("nmt_language_detections_total", missing_ok=True)
+        named = client.stub.Translate(pb.TranslateRequest(texts=["A man is riding a bike."],
+                                                          model="multi30k-en-de-small"))
+        assert not named.detected_source_language
+        assert srv.metric("nmt_language_detections_total", missing_ok=True) == before
         plain = client.stub.Translate(pb.TranslateRequest(texts=["A man is riding a bike."]))
-        fr = client.stub.Translate(pb.TranslateRequest(texts=["A man is riding a bike."], target_language="fr"))
-        german = client.stub.Translate(pb.TranslateRequest(texts=[GERMAN]))  # translated as English, not refused
-    assert (plain.model, plain.detected_source_language) == ("multi30k-en-de-small", "")
-    assert (fr.model, fr.detected_source_language) == ("multi30k-en-fr-small", "")
-    assert german.model == "multi30k-en-de-small" and german.translations[0].hypotheses[0].text
-    assert srv.metric("nmt_language_detections_total", missing_ok=True) == before
+        assert (plain.model, plain.detected_source_language) == ("multi30k-en-de-small", "en")
+        assert srv.metric("nmt_language_detections_total", missing_ok=True) == before + 1
+        with pytest.raises(grpc.RpcError) as e:
+            client.stub.Translate(pb.TranslateRequest(texts=[GERMAN]))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
 # -- bad input, hostile clients, health ---------------------------------------------------------

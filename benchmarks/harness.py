@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import platform
-import re
 import signal
 import socket
 import subprocess
@@ -198,22 +197,27 @@ def cpu_seconds(pid: Optional[int] = None) -> float:
     return total
 
 
+def proc_status(pid: int) -> dict[str, int]:
+    """VmRSS, VmHWM (peak RSS), RssAnon, RssFile of a process, in bytes (/proc/PID/status)."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
+            out[key] = int(value.split()[0]) * 1024
+    return out
+
+
 def tree_rss_mb(pid: int) -> Optional[float]:
     """VmRSS of process `pid` plus its live descendants' (/proc), in MB; None once `pid` has exited.
     Pages the processes share count once per process, so this is an upper bound on what they use."""
-    own = process_rss_kb(pid)
-    if own is None:
-        return None
-    return (own + sum(process_rss_kb(p) or 0 for p in descendants(pid))) / 1024
-
-
-def process_rss_kb(pid: int) -> Optional[int]:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:  # exited
-        return None
-    m = re.search(r"^VmRSS:\s+(\d+) kB", status, re.M)
-    return int(m.group(1)) if m else None
+    total = 0
+    for p in [pid, *descendants(pid)]:
+        try:
+            total += proc_status(p)["VmRSS"]
+        except (OSError, KeyError):  # exited (a zombie has no VmRSS)
+            if p == pid:
+                return None
+    return total / (1 << 20)
 
 
 def descendants(pid: int) -> list[int]:

@@ -40,20 +40,10 @@ import urllib.request
 from pathlib import Path
 from typing import Sequence
 
-from benchmarks.harness import ServerProcess
+from benchmarks.harness import ServerProcess, proc_status
 
 ROOT = Path(__file__).resolve().parents[1]
 MB = 1 << 20
-
-
-def proc_status(pid: int) -> dict[str, int]:
-    """VmRSS, VmHWM (peak RSS), RssAnon, RssFile of a process, in bytes."""
-    out = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
-            out[key] = int(value.split()[0]) * 1024
-    return out
 
 
 def smaps(pid: int) -> list[tuple[str, int, int]]:

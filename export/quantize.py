@@ -60,7 +60,7 @@ from onnx import helper, numpy_helper
 ACT_LEVELS = 127  # activations: q - zero point in -127..127
 WEIGHT_LEVELS = 63
 ZERO_POINT = ACT_LEVELS + 1  # uint8 activations in 1..255
-WEIGHT_BITS = 7  # recorded in the bundle's config.json (int8_weight_bits)
+WEIGHT_BITS = WEIGHT_LEVELS.bit_length() + 1  # 7 with the sign; recorded in config.json (int8_weight_bits)
 MAX_K = (1 << 24) // (ACT_LEVELS * WEIGHT_LEVELS)
 OPSET = 21  # blocked QuantizeLinear
 # Operators whose schema changed between opset 13 and 21 only by accepting more types

@@ -14,6 +14,7 @@ by ~15-30% (docs/benchmarks/serving_load.md).
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Optional
@@ -125,9 +126,10 @@ def session_options(opts: RuntimeOptions, shared: bool = False) -> ort.SessionOp
     return so
 
 
+@functools.lru_cache(maxsize=1)
 def cpu_has_vnni() -> Optional[bool]:
     """Whether the CPU multiplies bytes into 32-bit sums (VNNI or AMX); None where /proc/cpuinfo
-    says nothing (not Linux, not x86)."""
+    says nothing (not Linux, not x86). Read once per process: every int8 model load asks."""
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
             flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), None)

@@ -15,7 +15,7 @@ import time
 import grpc
 import pytest
 
-from benchmarks.harness import process_rss_kb, descendants, free_port, tree_rss_mb
+from benchmarks.harness import descendants, free_port, proc_status, tree_rss_mb
 from client.client import TranslatorClient
 from tests.serving import (ServerThread, flickr_sentences, read_to_end, start_subprocess, wait_for,
                            wait_process_serving)
@@ -194,7 +194,7 @@ def test_a_dead_frontend_takes_its_core_with_it():
         (core,) = descendants(proc.pid)
         # What the soak and the benchmarks read as the server's memory includes the core's (it holds the
         # models): the sum is exactly the two processes' VmRSS, read once each.
-        both, alone = tree_rss_mb(proc.pid), [process_rss_kb(p) / 1024 for p in (proc.pid, core)]
+        both, alone = tree_rss_mb(proc.pid), [proc_status(p)["VmRSS"] / 2**20 for p in (proc.pid, core)]
         assert alone[1] > 20 and abs(both - sum(alone)) < 0.05 * sum(alone), (both, alone)
         proc.kill()
         proc.wait(10)

@@ -21,18 +21,36 @@ The decoding controls (repetition penalty, no repeated n-gram, no unknown token,
 length) act where transformers' logits processors do, in their order: on the logits of greedy
 and sampling rows, on the log-probabilities of beam rows (renormalised after them where the
 model renormalises). `rank` picks a greedy row's k-th best token (CTranslate2's alternatives).
+
+Total (issue 33: one request's temperature of 1e-45 made the sampler raise, and the failed step
+failed every request in the batch). Whatever a row's settings and scores, it gets a token:
+  * a NaN score counts as a banned token (-inf) and +inf as the largest float32, and the row is
+    marked `failed`: the model gave it no usable distribution, so its request ends (INTERNAL) while
+    every other row goes on;
+  * a row with no token left (every score -inf: all banned, or all NaN) chooses EOS (greedy,
+    sampling, and each beam row's one continuation, at NO_CHOICE_LOGP); an alternative whose rank
+    has no token left takes the row's best; sampling's own rules are server/core/sample.py's;
+  * should the batched choice still raise, every row is chosen alone and only the rows whose own
+    choice raises are `failed` (the repetition penalty, the one change made to the logits that is
+    not idempotent, is undone first).
+Every rule reads the row alone, so choice stays batch-invariant.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field, fields
 from typing import Optional
 
 import numpy as np
 
 from models.core.beam import logsumexp
+from server.core.sample import sample
+
+log = logging.getLogger(__name__)
 
 GREEDY, SAMPLE, BEAM = 0, 1, 2
-_BLOCK = 64  # tokens per block of the two-level inverse-CDF search
+NO_CHOICE_LOGP = np.float32(-1e4)  # a beam row with no token left: its EOS continuation's log-probability
+_FMAX = np.finfo(np.float32).max
 
 
 def make_rng(seed: Optional[int], hypothesis: int) -> np.random.Generator:
@@ -62,6 +80,10 @@ class RowControls:
     ban_eos: np.ndarray  # (B,) bool
     rank: np.ndarray  # (B,) int64: greedy rows take their rank-th best token (alternatives), 0 = the best
 
+    def take(self, index) -> "RowControls":
+        """The controls of the rows `index` (a slice or index array), in that order."""
+        return RowControls(*(getattr(self, f.name)[index] for f in fields(self)))
+
     @classmethod
     def greedy(cls, b: int) -> "RowControls":
         return cls(np.full(b, GREEDY, np.int8), np.full(b, -1, np.int64), np.zeros(b, bool), np.ones(b),
@@ -75,6 +97,9 @@ class Choices:
     logprob: np.ndarray  # (B,) float32: log p(token), for scored rows (0 elsewhere)
     beam_ids: np.ndarray  # (B, C) int64: beam rows' best continuations, best first (C = 2 x widest beam)
     beam_logp: np.ndarray  # (B, C) float32: their log-probabilities (-inf past a row's own 2K)
+    # (B,) bool: rows the model gave no usable scores (NaN, +inf) or whose own choice raised; their
+    # tokens are placeholders (EOS) and their requests must end. None: no row failed.
+    failed: Optional[np.ndarray] = field(default=None)
 
 
 def _rows(x: np.ndarray, index: np.ndarray) -> np.ndarray:
@@ -101,6 +126,21 @@ def ngram_bans(history: np.ndarray, lengths: np.ndarray, n: int) -> tuple[np.nda
     return r, h[r, j + n - 1]
 
 
+def sanitise(logits: np.ndarray) -> Optional[np.ndarray]:
+    """Rows holding NaN or +inf -> their indices (None when there are none, the common case: one max
+    per row finds them, and NaN propagates through it); those rows are rewritten in place, NaN as
+    -inf (no score) and +inf as the largest float32, so every later pass sees finite or -inf scores."""
+    top = logits.max(axis=-1)
+    suspect = np.flatnonzero(~(top < np.inf))  # NaN or +inf
+    if not len(suspect):
+        return None
+    rows = logits[suspect]
+    rows[np.isnan(rows)] = -np.inf
+    rows[rows == np.inf] = _FMAX
+    logits[suspect] = rows
+    return suspect
+
+
 class TokenChooser:
     def __init__(self, suppress_ids: tuple[int, ...] = (), renormalize: bool = False, eos_id: int = 2,
                  unk_id: Optional[int] = None):
@@ -114,7 +154,51 @@ class TokenChooser:
                lengths: Optional[np.ndarray] = None) -> Choices:
         """logits (B, V), this step's buffer: suppressed ids are set to -inf in place. history (>= B, T) and
         lengths (>= B,): each row's tokens so far (start, forced, output: what the step has fed it), by
-        slot, which the repetition penalty and the n-gram ban read (the slot cache keeps them)."""
+        slot, which the repetition penalty and the n-gram ban read (the slot cache keeps them).
+        Never raises for a row's sake: see the module docstring's rules and `Choices.failed`."""
+        b = len(logits)
+        invalid = sanitise(logits)
+        pen = np.flatnonzero((c.penalty != 1.0) & (c.kind != BEAM))  # penalised in place: kept to undo
+        saved = logits[pen] if len(pen) else None
+        try:
+            with np.errstate(all="ignore"):
+                out = self._choose(logits, c, history, lengths)
+        except Exception:  # noqa: BLE001 (a bug here must cost only the rows it concerns)
+            log.exception("token choice failed for a batch of %d rows; choosing each row alone", b)
+            if saved is not None:
+                logits[pen] = saved
+            out = self._choose_each(logits, c, history, lengths)
+        if invalid is not None:
+            out.failed = np.zeros(b, bool) if out.failed is None else out.failed
+            out.failed[invalid] = True
+        return out
+
+    def _choose_each(self, logits: np.ndarray, c: RowControls, history: Optional[np.ndarray],
+                     lengths: Optional[np.ndarray]) -> Choices:
+        """Every row chosen alone; a row whose own choice raises is failed (its token a placeholder)."""
+        b = len(logits)
+        beams = c.beam[c.kind == BEAM]
+        width = 2 * int(beams.max()) if len(beams) else 0
+        out = Choices(np.full(b, self.eos_id, np.int64), np.zeros(b, np.float32), np.zeros((b, width), np.int64),
+                      np.full((b, width), -np.inf, np.float32), np.zeros(b, bool))
+        for i in range(b):
+            one = slice(i, i + 1)
+            try:
+                with np.errstate(all="ignore"):
+                    got = self._choose(logits[one], c.take(one), None if history is None else history[one],
+                                       None if lengths is None else lengths[one])
+            except Exception:  # noqa: BLE001
+                log.exception("token choice failed for row %d alone: its request fails", i)
+                out.failed[i] = True
+                continue
+            out.token[i], out.logprob[i] = got.token[0], got.logprob[0]
+            w = got.beam_ids.shape[1]
+            out.beam_ids[i, :w], out.beam_logp[i, :w] = got.beam_ids[0], got.beam_logp[0]
+        return out
+
+    def _choose(self, logits: np.ndarray, c: RowControls, history: Optional[np.ndarray],
+                lengths: Optional[np.ndarray]) -> Choices:
+        """The batched choice over finite or -inf scores (sanitised)."""
         b, vocab = logits.shape
         token = np.zeros(b, np.int64)
         logprob = np.zeros(b, np.float32)
@@ -130,7 +214,7 @@ class TokenChooser:
             beam_norm = np.logaddexp(logsumexp(full), logsumexp(full[:, self.suppress]))
         # Controlled beam rows: transformers applies its processors to log_softmax of the raw logits.
         beam_ctl = np.flatnonzero((c.kind == BEAM) & controlled)
-        ctl_logp = logits[beam_ctl] - logsumexp(logits[beam_ctl])[:, None] if len(beam_ctl) else None
+        ctl_logp = _no_nan(logits[beam_ctl] - logsumexp(logits[beam_ctl])[:, None]) if len(beam_ctl) else None
         if self.suppress:
             logits[:, self.suppress] = -np.inf
             if ctl_logp is not None:
@@ -138,24 +222,31 @@ class TokenChooser:
         rows_ctl = np.flatnonzero(controlled & (c.kind != BEAM))
         if len(rows_ctl):  # greedy and sampling rows: the processors act on the logits, in place
             self._process(logits, rows_ctl, rows_ctl, c, history, lengths)
+            sanitise(logits)  # a penalty near 0 can divide a positive logit into +inf
         if ctl_logp is not None:
             self._process(ctl_logp, np.arange(len(beam_ctl)), beam_ctl, c, history, lengths)
             if self.renormalize:  # transformers' LogitNormalization, after every processor
-                ctl_logp = ctl_logp - logsumexp(ctl_logp)[:, None]
+                ctl_logp = _no_nan(ctl_logp - logsumexp(ctl_logp)[:, None])
         greedy = np.flatnonzero(c.kind == GREEDY)
         if len(greedy):
-            token[greedy] = _rows(logits, greedy).argmax(axis=-1)
+            g = _rows(logits, greedy)
+            best = g.argmax(axis=-1)
+            # No token left (all -inf): EOS.
+            token[greedy] = np.where(g[np.arange(len(greedy)), best] > -np.inf, best, self.eos_id)
         ranked = np.flatnonzero((c.kind == GREEDY) & (c.rank > 0))
         if len(ranked):  # alternatives: the rank-th best token, ties in vocabulary order as argmax breaks them
             order = np.argsort(-logits[ranked], axis=-1, kind="stable")
-            token[ranked] = order[np.arange(len(ranked)), c.rank[ranked]]
+            pick = order[np.arange(len(ranked)), np.minimum(c.rank[ranked], vocab - 1)]
+            # A rank with no token left takes the row's best (already in token[ranked]).
+            token[ranked] = np.where(logits[ranked, pick] > -np.inf, pick, token[ranked])
         sampled = np.flatnonzero(c.kind == SAMPLE)
         if len(sampled):
-            token[sampled] = self._sample(_rows(logits, sampled), c, sampled)
+            token[sampled] = sample(_rows(logits, sampled), c.temperature[sampled], c.top_k[sampled],
+                                    c.top_p[sampled], c.noise[sampled], self.eos_id)
         forced = np.flatnonzero((c.forced >= 0) & (c.kind != BEAM))
         token[forced] = c.forced[forced]
-        if len(scored):
-            logprob[scored] = raw_scored[np.arange(len(scored)), token[scored]] - lse
+        if len(scored):  # a row with no finite score: -inf, not NaN
+            logprob[scored] = _no_nan(raw_scored[np.arange(len(scored)), token[scored]] - lse)
         all_beam = np.flatnonzero(c.kind == BEAM)
         width = 2 * int(c.beam[all_beam].max()) if len(all_beam) else 0
         beam_ids = np.zeros((b, width), np.int64)
@@ -167,8 +258,10 @@ class TokenChooser:
             self._beam(x, norm, c, beam_rows, beam_ids, beam_logp)
         if len(beam_ctl):
             self._beam(ctl_logp, np.zeros(len(beam_ctl), np.float32), c, beam_ctl, beam_ids, beam_logp)
+        if len(all_beam):  # a beam row with no continuation left ends: EOS, at a log-probability no live one has
+            empty = all_beam[~(beam_logp[all_beam, 0] > -np.inf)]
+            beam_ids[empty, 0], beam_logp[empty, 0] = self.eos_id, NO_CHOICE_LOGP
         return Choices(token, logprob, beam_ids, beam_logp)
-
     def _process(self, x: np.ndarray, at: np.ndarray, rows: np.ndarray, c: RowControls,
                  history: Optional[np.ndarray], lengths: Optional[np.ndarray]) -> np.ndarray:
         """The decoding controls on rows' scores (logits, or log-probabilities for beam search), in
@@ -199,52 +292,6 @@ class TokenChooser:
         return x
 
     @staticmethod
-    def _sample(logits: np.ndarray, c: RowControls, rows: np.ndarray) -> np.ndarray:
-        """Inverse-CDF sampling from the tempered, top-k / top-p filtered distribution of each row.
-
-        The draw is located in two levels (which block of 64 tokens, then which token in it): a
-        running sum over the whole vocabulary, row by row, was most of the cost."""
-        z = logits / c.temperature[rows, None].astype(np.float32)  # (n, V)
-        n, vocab = z.shape
-        top_k = c.top_k[rows]
-        for k in np.unique(top_k[(top_k > 0) & (top_k < vocab)]):  # one partition per distinct k
-            group = np.flatnonzero(top_k == k)
-            kth = np.partition(z[group], vocab - k, axis=-1)[:, vocab - k]
-            z[group] = np.where(z[group] < kth[:, None], -np.inf, z[group])
-        top_p = c.top_p[rows]
-        nucleus = np.flatnonzero((top_p > 0.0) & (top_p < 1.0))
-        if len(nucleus):
-            zs = z[nucleus]
-            order = np.argsort(-zs, axis=-1, kind="stable")
-            ranked = np.take_along_axis(zs, order, axis=-1)
-            probs = np.exp(ranked - ranked[:, :1])
-            probs /= probs.sum(axis=-1, keepdims=True)
-            # The smallest prefix whose mass reaches top_p, at least one token.
-            keep = (np.cumsum(probs, axis=-1) < top_p[nucleus, None]).sum(axis=-1) + 1
-            cut = np.arange(vocab)[None, :] >= keep[:, None]  # (m, V) in ranked order
-            np.put_along_axis(zs, order, np.where(cut, -np.inf, ranked), axis=-1)
-            z[nucleus] = zs
-        probs = np.exp(z - z.max(axis=-1, keepdims=True))  # (n, V) float32
-        block = _BLOCK
-        pad = -vocab % block
-        if pad:
-            probs = np.concatenate([probs, np.zeros((n, pad), np.float32)], axis=-1)
-        blocks = probs.reshape(n, -1, block).sum(axis=-1, dtype=np.float64)  # (n, V / 64)
-        ends = np.cumsum(blocks, axis=-1)
-        target = c.noise[rows] * ends[:, -1]  # where the draw falls in the row's total mass
-        j = np.minimum((ends <= target[:, None]).sum(axis=-1), ends.shape[1] - 1)  # its block
-        before = np.where(j > 0, np.take_along_axis(ends, np.maximum(j - 1, 0)[:, None], -1)[:, 0], 0.0)
-        inside = np.take_along_axis(probs.reshape(n, -1, block), j[:, None, None], 1)[:, 0]  # (n, 64)
-        at = (np.cumsum(inside, axis=-1, dtype=np.float64) <= (target - before)[:, None]).sum(axis=-1)
-        drawn = j * block + np.minimum(at, block - 1)
-        # Never a token of zero mass (rounding at a block's end): the nearest one with mass below it.
-        zero = probs[np.arange(n), drawn] == 0
-        if zero.any():
-            for i in np.flatnonzero(zero):
-                drawn[i] = np.flatnonzero(probs[i, :drawn[i] + 1] > 0)[-1]
-        return np.minimum(drawn, vocab - 1)
-
-    @staticmethod
     def _beam(x: np.ndarray, norm: np.ndarray, c: RowControls, rows: np.ndarray, ids: np.ndarray,
               logp_out: np.ndarray) -> None:
         """Each beam row's best 2K tokens and their log-probabilities (x - norm): a partition of the
@@ -259,9 +306,15 @@ class TokenChooser:
             vals = np.take_along_axis(xg, top, axis=-1)
             order = np.argsort(-vals, axis=-1, kind="stable")
             ids[rows[group], :width] = np.take_along_axis(top, order, axis=-1)
-            logp_out[rows[group], :width] = np.take_along_axis(vals, order, axis=-1) - norm[group, None]
+            logp_out[rows[group], :width] = _no_nan(np.take_along_axis(vals, order, axis=-1) - norm[group, None])
         # Hugging Face's forced-token processors: every other token -inf, the forced one log-prob 0.
         pinned = np.flatnonzero(forced >= 0)
         if len(pinned):
             ids[rows[pinned], 0], logp_out[rows[pinned], 0] = forced[pinned], 0.0
             logp_out[rows[pinned], 1:] = -np.inf
+
+
+def _no_nan(x: np.ndarray) -> np.ndarray:
+    """-inf where a log-probability came out NaN (-inf - -inf: a row with no finite score), in place."""
+    x[np.isnan(x)] = -np.inf
+    return x

@@ -64,6 +64,18 @@ class EngineLoop(threading.Thread):
         """One schedule -> execute -> update round; False if there was nothing to run."""
         sched, engine = self.scheduler, self.engine
         scheduled = sched.schedule(now)
+        self.admit(scheduled)
+        if not engine.cache.used:
+            return bool(scheduled.encode or scheduled.embed)
+        # A step that raises here (the decoder itself) fails the rows in it (the caller's except); token
+        # choice and each request's update contain their own failures to the rows concerned.
+        sched.update(engine.decode_step(sched.controls()), time.monotonic())
+        return True
+
+    def admit(self, scheduled) -> None:
+        """Encode the admitted jobs into fresh slots, embed the embedding jobs. A failure costs only
+        these jobs: the rows already running took no part in the pass and decode on."""
+        sched, engine = self.scheduler, self.engine
         try:
             if scheduled.encode:
                 for job, rows in zip(scheduled.encode, engine.encode(scheduled.encode)):
@@ -74,14 +86,11 @@ class EngineLoop(threading.Thread):
                     job.timing.finished = time.monotonic()
                     job.sink(vec)
                 relay.flush()  # embeddings are done: do not hold them for the decode step
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001
             # Admitted jobs are neither queued nor running until started: answer them here, or nobody will.
+            ids = [job.id for job in scheduled.encode + scheduled.embed]
+            log.exception("encoder pass failed; failing the %d jobs admitted with it (%s)", len(ids), ids[:16])
             sched.fail_unstarted(scheduled.encode + scheduled.embed, Internal(f"internal engine error: {e}"))
-            raise
-        if not engine.cache.used:
-            return bool(scheduled.encode or scheduled.embed)
-        sched.update(engine.decode_step(sched.controls()), time.monotonic())
-        return True
 
     def stop(self, grace: float) -> None:
         """Refuse new work, let running and queued work finish for `grace` seconds, then fail the rest."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,12 +24,14 @@ from typing import Optional
 
 from models.core.beam import BeamState
 from models.core.kv_cache import Row, SlotCache
-from server.core.errors import Cancelled, DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable
+from server.core.errors import Cancelled, DeadlineExceeded, Internal, InvalidArgument, ResourceExhausted, Unavailable
 from server.metrics import Metrics
 from server.core.request import EmbedJob, FinishEvent, FinishReason, GenerationRules, Hypothesis, Job, TokenEvent
 from server.core.choose import Choices, RowControls, make_rng
 from server.core.controls import step_controls
 from server.core.runaway import RunawayGuard
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)  # identity: `running.remove(state)` must not compare every field of every state
@@ -179,14 +182,26 @@ class Scheduler:
     def update(self, choices: Choices, now: float) -> None:
         """The engine's choices for the rows in slot order, from one decode step."""
         tokens, logprobs = choices.token.tolist(), choices.logprob.tolist()
+        failed = choices.failed
         # Slots must not move while choices are read by slot: releases wait until the end.
         self._to_release: list[Row] = []
         self._gaps: list[float] = []
         for state in list(self.running):
-            if state.beam is not None:
-                self._beam_update(state, choices, now)
-            else:
-                self._row_update(state, tokens, logprobs, now)
+            # One request's failure is its own (issue 33): rows the engine could not choose for, or a
+            # bug in this request's bookkeeping, end this request alone; the others go on unchanged.
+            if failed is not None and failed[[r.slot for r in state.rows]].any():
+                self._fail_state(state, Internal(f"the model gave request {state.job.id} no usable scores "
+                                                 f"at decode step {state.step} (NaN or infinite logits)"))
+                continue
+            try:
+                if state.beam is not None:
+                    self._beam_update(state, choices, now)
+                else:
+                    self._row_update(state, tokens, logprobs, now)
+            except Exception as e:  # noqa: BLE001
+                log.exception("request %s: its step update failed; it alone fails", state.job.id)
+                self._fail_state(state, Internal(f"internal error updating request {state.job.id}: {e}"))
+                continue
             state.step += 1
         self.m.inter_token.observe_many(self._gaps)
         self.cache.release(self._to_release)
@@ -315,6 +330,15 @@ class Scheduler:
         for job in jobs:
             if id(job) not in started and not job.answered and job.timing.finished is None:
                 self._fail(job, error)
+
+    def _fail_state(self, state: Running, error: Exception) -> None:
+        """Fail one running request inside update(): its rows are released with the step's others."""
+        if state in self.running:
+            self.running.remove(state)
+        queued = {id(r) for r in self._to_release}
+        self._to_release.extend(r for r in state.rows if r.slot >= 0 and id(r) not in queued)
+        self.m.failed_rows.inc(len(state.rows))
+        self._fail(state.job, error)
 
     def _drop_stale_running(self, now: float) -> None:
         for state in list(self.running):

@@ -168,6 +168,7 @@ class Gateway:
         context = self._context(caller, out)
         handler = await self._handler(method, caller)
         task = asyncio.ensure_future(handler.unary_stream(request, context))
+        get: Optional[asyncio.Future] = None
         try:
             while True:
                 get = asyncio.ensure_future(out.get())
@@ -185,6 +186,10 @@ class Gateway:
                 await self._settled(task, context)
                 return
         finally:
+            # A client that goes away cancels this generator inside asyncio.wait: the pending get must
+            # go too, or it is destroyed pending (an ERROR line per dropped SSE stream, issue 33).
+            if get is not None and not get.done():
+                get.cancel()
             await _cancel(task, context)
 
     @staticmethod

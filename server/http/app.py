@@ -23,12 +23,14 @@ from typing import Optional
 import uvicorn
 from grpc_health.v1 import health_pb2
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from server.http.deepl import DeepLApi
 from server.http.edge import Edge
+from server.http.guard import HttpGuard
 from server.http.libre import LibreTranslateApi
 from server.http.native import NativeApi, error_response
 
@@ -46,8 +48,11 @@ class HttpFrontend:
                   Route("/readyz", self.readyz, methods=["GET", "HEAD"])]
         for api in (NativeApi(edge), DeepLApi(edge), LibreTranslateApi(edge)):
             routes += api.routes()
-        self.app = Starlette(routes=routes, exception_handlers={404: self._not_found, 405: self._not_allowed,
-                                                                Exception: self._bug})
+        # HttpGuard (server/http/guard.py) turns a handler's exception into a counted 500 that keeps the
+        # connection; Starlette's own error middleware would send it and then re-raise.
+        self.app = Starlette(routes=routes, exception_handlers={404: self._not_found, 405: self._not_allowed},
+                             middleware=[Middleware(HttpGuard, max_header_bytes=cfg.http_max_header_bytes,
+                                                    count=self._count)])
 
     # -- probes -------------------------------------------------------------------------
     def _status(self, service: str) -> int:
@@ -71,9 +76,8 @@ class HttpFrontend:
     async def _not_allowed(self, request: Request, exc) -> Response:
         return error_response(405, "UNIMPLEMENTED", f"{request.method} is not allowed on {request.url.path!r}")
 
-    async def _bug(self, request: Request, exc: Exception) -> Response:
-        log.exception("HTTP %s %s failed", request.method, request.url.path, exc_info=exc)
-        return error_response(500, "INTERNAL", f"internal error ({type(exc).__name__}); see the server log")
+    def _count(self, api: str, operation: str, status: int) -> None:
+        self.edge.metrics.http_requests.labels(api, operation, str(status)).inc()
 
     # -- lifecycle ----------------------------------------------------------------------
     async def start(self, host: str, port: int, reuse_port: bool = False) -> int:

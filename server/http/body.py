@@ -126,23 +126,71 @@ class Params:
         if isinstance(value, list):
             value = self.text(name)
         try:
-            number = int(value) if not isinstance(value, bool) else None
-        except (TypeError, ValueError):
+            number = int(value) if not isinstance(value, (bool, float)) or float(value).is_integer() else None
+        except (TypeError, ValueError, OverflowError):
             number = None
         if number is None or not lo <= number <= hi:
             raise BadParam(f"parameter '{name}' must be a whole number in [{lo}, {hi}]")
         return number
 
 
+MAX_DEPTH = 32  # nesting of a JSON body: the APIs' own shapes need 3
+MAX_NUMBER_DIGITS = 40  # digits of a JSON number: a 64-bit integer or a float, with room
+
+
+def _refuse_constant(name: str):
+    raise BodyError(400, f"the body holds {name}, which JSON does not allow: send a finite number")
+
+
+def _finite_float(text: str) -> float:
+    if len(text) > MAX_NUMBER_DIGITS:
+        raise BodyError(400, f"a number in the body has {len(text)} characters; at most {MAX_NUMBER_DIGITS}")
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise BodyError(400, f"the number {text[:24]} in the body is out of range")
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    if len(text) > MAX_NUMBER_DIGITS:
+        raise BodyError(400, f"a number in the body has {len(text)} digits; at most {MAX_NUMBER_DIGITS}")
+    return int(text)
+
+
+def depth(value: Any, limit: int) -> int:
+    """How deeply `value` nests (1 for a scalar), counted without recursion up to limit + 1."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        deepest = max(deepest, level)
+        if deepest > limit:
+            break
+        if isinstance(item, dict):
+            stack.extend((v, level + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, level + 1) for v in item)
+    return deepest
+
+
 def parse_json(body: bytes) -> dict[str, Any]:
+    """A JSON object within the limits: nesting <= MAX_DEPTH, numbers finite and <= MAX_NUMBER_DIGITS
+    characters (Python's json takes NaN, Infinity and 1e999 as floats, and recurses until a
+    RecursionError on deep nesting: each became a 500 before, issue 33)."""
     try:
-        value = json.loads(body.decode("utf-8"))
+        value = json.loads(body.decode("utf-8"), parse_constant=_refuse_constant, parse_float=_finite_float,
+                           parse_int=_bounded_int)
     except UnicodeDecodeError as e:
         raise BodyError(400, f"the body is not valid UTF-8 (byte {e.start})") from None
     except json.JSONDecodeError as e:
         raise BodyError(400, f"the body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except RecursionError:
+        raise BodyError(400, f"the body nests deeper than {MAX_DEPTH} levels") from None
+    except ValueError as e:  # a number the parsers refuse
+        raise BodyError(400, f"the body has a number out of range: {e}") from None
     if not isinstance(value, dict):
         raise BodyError(400, "the body must be a JSON object")
+    if depth(value, MAX_DEPTH) > MAX_DEPTH:
+        raise BodyError(400, f"the body nests deeper than {MAX_DEPTH} levels")
     return value
 
 

@@ -22,7 +22,7 @@ from starlette.routing import Route
 
 from protos.nmt.v1 import translator_pb2 as pb
 from server.gateway import CallFailed
-from server.http.body import BodyError, read_body
+from server.http.body import BodyError, parse_json, read_body
 from server.http.edge import Edge, http_status, retry_headers
 from server.http.openapi import describe
 
@@ -63,12 +63,9 @@ class NativeApi:
         curl = kind == "application/x-www-form-urlencoded" and body.lstrip()[:1] == b"{"
         if kind not in ("application/json", "") and not curl:
             raise BodyError(415, f"unsupported content type {kind!r}: send application/json")
+        fields = parse_json(body) if body.strip() else {}  # the body limits every API shares (depth, numbers)
         try:
-            text = body.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise BodyError(400, f"the body is not valid UTF-8 (byte {e.start})") from None
-        try:
-            return json_format.Parse(text or "{}", cls())
+            return json_format.ParseDict(fields, cls())
         except json_format.ParseError as e:
             raise BodyError(400, f"not a valid {cls.DESCRIPTOR.full_name}: {e}") from None
 

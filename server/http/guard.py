@@ -1,0 +1,120 @@
+"""The HTTP port's outermost layer: no client input gets a 500, every response is counted, and an
+error response says whether the connection stays open.
+
+Measured by an outside soak (issue 33) before this layer: a body nested 10,000 levels deep and a
+LibreTranslate `alternatives: 1e999` reached the handlers' exception handler, whose 500 Starlette
+sends and then re-raises, so uvicorn closed the keep-alive connection without `Connection: close`
+(the client's next call on it failed, /healthz included: 25-40 resets per run), and those 500s were
+missing from nmt_http_requests_total; 20,000- and 60,000-byte headers got 200 (h11's limit applies
+only to a head that arrives in pieces); a malformed chunk size, answered 400 by uvicorn, was logged
+as a 500 with two tracebacks.
+
+The design, one ASGI middleware inside Starlette's error middleware, around the routes:
+  * headers over --http-max-header-bytes get 431 with `Connection: close`, before any handler;
+  * an exception from a handler becomes a 500 in the API's own error shape (never re-raised, so
+    the connection survives); a client that went away mid-body is logged at INFO, not as a bug;
+  * an error answer sent before the request body was read to its end carries `Connection: close`
+    (the rest of the body is still on the wire: uvicorn must close, and now says so);
+  * a response no handler counted (a 404, a 405, a 500 from here) is counted by API and status.
+The body parsers' own limits (depth, numbers) are server/http/body.py's.
+"""
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+from typing import Callable, Optional
+
+from starlette.requests import ClientDisconnect
+
+log = logging.getLogger(__name__)
+
+# Set per request by the guard, marked by Edge.count: whether a handler counted its response.
+COUNTED: contextvars.ContextVar[Optional[list]] = contextvars.ContextVar("nmt_http_counted", default=None)
+
+
+def api_of(path: str) -> str:
+    """The API a path belongs to (the `api` label of nmt_http_requests_total)."""
+    if path.startswith("/v1/") or path == "/openapi.json":
+        return "native"
+    if path.startswith(("/v2/", "/v3/")):
+        return "deepl"
+    if path in ("/healthz", "/readyz"):
+        return "health"
+    return "libretranslate"
+
+
+def error_body(api: str, status: int, code: str, message: str) -> bytes:
+    """An error in the shape the path's API uses: DeepL's {"message"}, LibreTranslate's {"error"},
+    the native API's google.rpc.Status mapping."""
+    if api == "deepl":
+        body = {"message": message}
+    elif api == "libretranslate":
+        body = {"error": message}
+    else:
+        body = {"error": {"code": status, "status": code, "message": message}}
+    return json.dumps(body).encode()
+
+
+class HttpGuard:
+    def __init__(self, app, max_header_bytes: int, count: Callable[[str, str, int], None]):
+        self.app, self.max_header_bytes, self.count = app, max_header_bytes, count
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        api = api_of(scope.get("path", ""))
+        head = len(scope.get("raw_path", b"")) + len(scope.get("query_string", b"")) + \
+            sum(len(k) + len(v) + 4 for k, v in scope.get("headers", ()))
+        if head > self.max_header_bytes:
+            await _answer(send, 431, error_body(api, 431, "INVALID_ARGUMENT",
+                                                f"request line and headers of {head} bytes; the limit is "
+                                                f"{self.max_header_bytes}"), close=True)
+            self.count(api, "headers", 431)
+            return
+        # Whether the body was read to its end: a request without one has nothing left on the wire.
+        headers = dict(scope.get("headers", ()))
+        state = {"body_done": headers.get(b"content-length", b"0") == b"0"
+                 and b"transfer-encoding" not in headers, "started": False, "status": 0}
+        counted: list = []
+        token = COUNTED.set(counted)
+
+        async def receive_tracked():
+            message = await receive()
+            if message["type"] == "http.request" and not message.get("more_body", False):
+                state["body_done"] = True
+            elif message["type"] == "http.disconnect":
+                state["body_done"] = True  # nothing more will come; the connection is gone anyway
+            return message
+
+        async def send_tracked(message):
+            if message["type"] == "http.response.start":
+                state["started"], state["status"] = True, message["status"]
+                if message["status"] >= 400 and not state["body_done"]:
+                    message = dict(message, headers=[*message.get("headers", []), (b"connection", b"close")])
+            await send(message)
+
+        try:
+            await self.app(scope, receive_tracked, send_tracked)
+        except ClientDisconnect:
+            log.info("HTTP %s %s: the client went away before its body arrived", scope["method"], scope["path"])
+            state["status"] = state["status"] or 499
+        except Exception as e:  # noqa: BLE001 (a handler's bug: a 500 for this request, the port serves on)
+            log.exception("HTTP %s %s failed", scope["method"], scope["path"])
+            if not state["started"]:
+                await _answer(send, 500, error_body(api, 500, "INTERNAL", f"internal error ({type(e).__name__}); "
+                                                    "see the server log"), close=not state["body_done"])
+            state["status"] = 500
+        finally:
+            COUNTED.reset(token)
+        if not counted and state["status"]:
+            self.count(api, "other", state["status"])
+
+
+async def _answer(send, status: int, body: bytes, close: bool) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -49,7 +49,7 @@ HELP = {
     "http_host": "address to bind the HTTP port to; empty = --host",
     "http_keepalive_s": "HTTP: close a keep-alive connection idle this many seconds; >= 1",
     "http_max_connections": "HTTP: connections (and requests) at once; beyond, new ones get 503; >= 1",
-    "http_max_header_bytes": "HTTP: largest request line plus headers; larger ones get 400 unread; >= 1024",
+    "http_max_header_bytes": "HTTP: largest request line plus headers; larger ones get 431 unread (Connection: close); >= 1024",
     "http_body_timeout_s": "HTTP: a request body must arrive within this many seconds (slow senders get 408); > 0",
     "model_repository": "folder of <model>/<version>/ bundles to serve (all of them); default: the checkout's "
                         "model_repository, else ./model_repository, else the bundle installed with the package",

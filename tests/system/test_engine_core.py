@@ -209,3 +209,19 @@ def test_a_dead_frontend_takes_its_core_with_it():
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_extreme_settings_beside_ordinary_calls_fail_nothing_in_the_core_process(core_server):
+    """Issue 33 in the engine-core layout: every extreme-but-accepted setting (tests/system/test_isolation.py's,
+    where the batch is gated to be shared) sent at once with ordinary calls: all succeed, and the
+    ordinary outputs equal their outputs at rest."""
+    from tests.system.test_isolation import EXTREME, MODEL
+    srv, client = core_server
+    ordinary = flickr_sentences(8)
+    at_rest = [t.hypotheses[0].text for t in client.translate(ordinary, model=MODEL).translations]
+    with cf.ThreadPoolExecutor(len(EXTREME) + 1) as pool:
+        extreme = [pool.submit(client.translate, ["A little girl climbs into a wooden playhouse."], model=MODEL,
+                               **kw) for kw in EXTREME]
+        loaded = pool.submit(client.translate, ordinary, model=MODEL)
+        assert [t.hypotheses[0].text for t in loaded.result().translations] == at_rest
+        assert all(f.result().translations[0].hypotheses for f in extreme)

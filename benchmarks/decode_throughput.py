@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -22,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from benchmarks.harness import rotations
+from benchmarks.harness import date_line, machine_line, rotations
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINES = ["torch-recompute", "torch-cache", "ort-fp32", "ort-int8", "ct2-float32", "ct2-int8"]
@@ -144,13 +143,16 @@ def measure(args: argparse.Namespace, ct2_dirs: dict, lengths: list[int]) -> dic
 def render(results: dict, args: argparse.Namespace, versions: dict) -> str:
     batch_sizes = args.batch_sizes
     lines = ["# Greedy decoding throughput", "",
+             "What it measures: static greedy decoding with no serving code, ONNX Runtime with this repository's "
+             "decoder step against PyTorch and CTranslate2 on the same checkpoint. `python -m "
+             "benchmarks.decode_throughput` rewrites this page.", "",
              f"Target tokens/s, {args.sentences} sentences of test_2016_flickr.en, exactly {args.tokens} "
              "target tokens each (EOS suppressed), best intra-op thread count of "
              f"{args.threads} per cell (in brackets), each engine in its own process; the median of "
              f"{args.repeats} rounds with the engines' order rotating.", "",
-             f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
-             + ", ".join(f"{k} {v}" for k, v in versions.items()) + ".", "",
              f"Command: `python -m benchmarks.decode_throughput {' '.join(args.argv)}`", "",
+             date_line(), "",
+             machine_line(", ".join(f"{k} {v}" for k, v in versions.items())), "",
              "| engine | " + " | ".join(f"batch {b}" for b in batch_sizes) + " |",
              "|---|" + "---|" * len(batch_sizes)]
     for engine in ENGINES:

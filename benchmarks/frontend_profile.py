@@ -36,7 +36,7 @@ import urllib.request
 from pathlib import Path
 from typing import Sequence
 
-from benchmarks.harness import ServerProcess, machine
+from benchmarks.harness import ServerProcess, date_line, machine, machine_line
 
 ROOT = Path(__file__).resolve().parents[1]
 RATE = 100  # py-spy samples per second
@@ -211,9 +211,9 @@ def profile(load: list[str], seconds: float, py_spy: str) -> dict:
 def render(results: dict, argv: Sequence[str]) -> str:
     m = machine()
     out = ["# Where the server's CPU goes under load", "",
-           f"`python -m benchmarks.frontend_profile {' '.join(argv)}` — {m['date']}, {m['cpu']}, "
-           f"{m['cores']} cores shared by the server and the load generator; shipped model (en->de), default "
-           "settings, py-spy at 100 Hz over the window (the server pauses per sample: absolute rates are a little "
+           f"Command: `python -m benchmarks.frontend_profile {' '.join(argv)}`", "",
+           date_line(m), "", machine_line("shared by the server and the load generator", m), "",
+           "Shipped model (en->de), default settings, py-spy at 100 Hz over the window (the server pauses per sample: absolute rates are a little "
            "low, shares are what matter).", ""]
     for name, r in results.items():
         s = r["summary"]

@@ -1,7 +1,7 @@
 """Static greedy decoding on the CUDA execution provider: fp32 and fp16, batch 1 to 256.
 
     python -m benchmarks.gpu_static --bundle model_repository/multi30k-en-de-small/4 \\
-        --src-file tests/data/test_2016_flickr.head200.en --out docs/benchmarks/gpu_static.md
+        --src-file tests/data/test_2016_flickr.head200.en --out docs/benchmarks/gpu/gpu_static.md
 
 Every cell decodes the same sentences with exactly --tokens target tokens each
 (EOS suppressed), so engines and batch sizes do the same work; the CPU provider
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import shutil
 import sys
 import tempfile
@@ -22,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from benchmarks.harness import date_line, machine_line
 from models.core.bundle import newest_version
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    default=[("cpu", "fp32"), ("cuda", "fp32"), ("cuda", "fp16")],
                    help="provider:variant cells, the first is the reference (cpu:fp32 alone checks the plumbing "
                         "on a machine without a GPU)")
-    p.add_argument("--out", default=str(ROOT / "docs/benchmarks/gpu_static.md"))
+    p.add_argument("--out", default=str(ROOT / "docs/benchmarks/gpu/gpu_static.md"))
     args = p.parse_args(argv)
 
     import onnxruntime as ort
@@ -118,10 +118,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.with_suffix(".json").write_text(json.dumps({"device": device_name(), "cells": cells}, indent=1))
     batches = sorted({c["batch"] for c in cells})
     rows = ["# Static greedy decoding on the GPU", "",
-            f"Device: {device_name()}; host {platform.processor() or platform.machine()}; "
+            f"Command: `python -m benchmarks.gpu_static {' '.join(argv)}`", "",
+            date_line(), "", machine_line(f"GPU: {device_name()}"), "",
             f"onnxruntime {ort.__version__}. {args.sentences} sentences of {Path(args.src_file).name} "
             f"(cycled), exactly {args.tokens} target tokens each.", "",
-            f"Command: `python -m benchmarks.gpu_static {' '.join(argv)}`", "",
             "| provider / variant | " + " | ".join(f"batch {b}" for b in batches) + " | greedy = CPU fp32 |",
             "|---|" + "---|" * (len(batches) + 1)]
     for key in dict.fromkeys((c["provider"], c["variant"]) for c in cells):

@@ -1,18 +1,19 @@
 """Everything a GPU session should measure, in one command and in priority order (issue 21).
 
-    python -m benchmarks.gpu_suite [--out-dir docs/benchmarks/gpu/DATE] [--only test,static,...]
+    python -m benchmarks.gpu_suite [--out-dir docs/benchmarks/gpu] [--only test,static,...]
         [--budget-s 1500] [--provider cuda] [--quick]
 
 GPU machines are lent rarely and briefly (30 minutes of device time, 10 per command), so the steps
 run most-important first, each in its own process with its own time limit; a step that fails, times
 out or cannot run here is recorded with why, and the suite goes on. Every figure lands in one
-folder with the device's name, the versions and the command that made it:
+folder, docs/benchmarks/gpu/ (the latest GPU run replaces the previous one there; earlier runs are in
+git history), with the device's name, the versions and the command that made it:
 
   device      nvidia-smi, ONNX Runtime's providers and the versions (device.json)
   test        tests/integration/test_gpu.py: CUDA tokens = CPU tokens (test_gpu.log)
   static      benchmarks.gpu_static: ONNX Runtime alone, CPU fp32 vs CUDA fp32 / fp16, batch 1-256
-  ops         benchmarks.attention_ops (GQA fp16 vs opset-24 Attention over a shared buffer) and
-              benchmarks.choice_ops (greedy choice on the device vs the logits copied to the host)
+  ops         benchmarks.studies.attention_ops (GQA fp16 vs opset-24 Attention over a shared buffer) and
+              benchmarks.studies.choice_ops (greedy choice on the device vs the logits copied to the host)
   serve-fp32  benchmarks.serving_load on the device, in-process and through gRPC, 1-256 streams
   serve-fp16  the same in fp16
   serve-cpu   the same server on the host's CPU cores: the same-run baseline for "10x the CPU"
@@ -30,7 +31,6 @@ in a minute or two (what CI checks: tests/integration/test_gpu_suite.py).
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib.util
 import json
 import os
@@ -43,6 +43,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
+
+from benchmarks.harness import date_line, machine, machine_line
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = ("device", "test", "static", "ops", "serve-fp32", "serve-fp16", "serve-cpu", "frontends", "marian")
@@ -103,10 +105,10 @@ def plan(args, out: Path, facts: dict) -> list[Step]:
         # The decode-step issue's two open design questions, answered on this device: an attention op that
         # writes each row's cache in place (GQA in fp16 vs opset-24 Attention), and token choice on the
         # device vs the logits copied to the host (docs/benchmarks/choice_ops.md has the CPU's answer).
-        Step("ops-attention", [*py, "benchmarks.attention_ops", "--provider", args.provider,
+        Step("ops-attention", [*py, "benchmarks.studies.attention_ops", "--provider", args.provider,
                                "--dtype", "fp16" if cuda else "fp32"] + (["--capacity", "64"] if quick else []),
              ["ops-attention.log"], 300, no_cuda),
-        Step("ops-choice", [*py, "benchmarks.choice_ops", "--provider", args.provider]
+        Step("ops-choice", [*py, "benchmarks.studies.choice_ops", "--provider", args.provider]
              + (["--rows", "8", "--vocab", "1000"] if quick else []), ["ops-choice.log"], 600, no_cuda),
         Step("serve-fp32", [*load, "--provider", args.provider, "--variant", "fp32",
                             "--out", str(out / f"serving_{args.provider}_fp32.md")],
@@ -193,10 +195,12 @@ def scaling_plot(out: Path, outcomes: list[Outcome]) -> Optional[str]:
 
 
 def write_readme(out: Path, facts: dict, outcomes: list[Outcome], argv: Sequence[str], plot: Optional[str]) -> None:
-    lines = [f"# GPU suite: {device_name(facts)}, {datetime.date.today().isoformat()}", "",
+    m = machine()
+    lines = [f"# GPU suite: {device_name(facts)}, {m['date']}", "",
              f"Command: `python -m benchmarks.gpu_suite {' '.join(argv)}`", "",
-             f"Host {facts['cpu']}, {facts['cores']} cores; Python {facts['python']}; onnxruntime "
-             f"{facts['onnxruntime']} ({', '.join(facts['providers'])}); GPUs: {', '.join(facts.get('gpus', [])) or 'none'}.",
+             date_line(m), "",
+             machine_line(f"GPUs: {', '.join(facts.get('gpus', [])) or 'none'}", m), "",
+             f"Python {facts['python']}; onnxruntime {facts['onnxruntime']} ({', '.join(facts['providers'])}).",
              "", "| step | status | seconds | command | files |", "|---|---|---|---|---|"]
     for o in outcomes:
         lines.append(f"| {o.name} | {o.status} | {o.seconds:.0f} | `{o.command}` | {', '.join(o.files) or '-'} |")
@@ -208,16 +212,16 @@ def write_readme(out: Path, facts: dict, outcomes: list[Outcome], argv: Sequence
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out-dir", help="default docs/benchmarks/gpu/<today> (docs/benchmarks/gpu/quick-<today> "
-                                     "with --quick)")
+    p.add_argument("--out-dir", help="default docs/benchmarks/gpu (a fresh temporary folder with --quick, "
+                                     "which checks the plumbing and measures nothing worth keeping)")
     p.add_argument("--provider", default="cuda", choices=["cuda", "cpu"], help="the device the steps measure")
     p.add_argument("--only", type=lambda s: s.split(","), help=f"steps to run, of {', '.join(STEPS)} "
                                                                 "(frontends = every frontends-N)")
     p.add_argument("--budget-s", type=float, default=1500.0, help="stop starting steps after this long")
     p.add_argument("--quick", action="store_true", help="small settings: check the plumbing, not the speed")
     args = p.parse_args(argv)
-    today = datetime.date.today().isoformat()
-    out = Path(args.out_dir or ROOT / "docs/benchmarks/gpu" / (f"quick-{today}" if args.quick else today))
+    out = Path(args.out_dir or (tempfile.mkdtemp(prefix="gpu-suite-quick-") if args.quick
+                                else ROOT / "docs/benchmarks/gpu"))
     out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + args.budget_s
     facts = device_facts(args.provider)

@@ -18,7 +18,9 @@ failed to start showed up as a timeout with its output thrown away. Here:
 - `run_server(*flags)`: the server command run to its exit (start-up failures under test).
 - `cpu_seconds(pid)`, `wait_serving(async_client)`: a process's CPU time; SERVING seen by a client.
 - `rotations(names, rounds)`: each round's order, rotated, as every comparison here runs them.
-- `machine()`: what a report records about where it ran (CPU model, cores, commit, date).
+- `machine()`: what a report records about where it ran (CPU model, its vector extensions, cores,
+  commit, date); `date_line()` and `machine_line()`: the `Date:` and `Machine:` lines every results
+  page under docs/benchmarks/ carries (tests/unit/test_readme_figures.py reads them).
 """
 from __future__ import annotations
 
@@ -254,15 +256,47 @@ def rotations(names: Sequence[str], rounds: int) -> list[list[str]]:
     return [names[r % len(names):] + names[:r % len(names)] for r in range(rounds)]
 
 
+def cpu_features(flags: set[str]) -> str:
+    """The vector extensions that decide how CTranslate2's and ONNX Runtime's kernels rank against
+    each other (and whether 8-bit int8 weights saturate: docs/export.md), in words."""
+    if "avx512f" in flags:
+        extras = [name for flag, name in (("avx512_vnni", "VNNI"), ("avx512_bf16", "BF16")) if flag in flags]
+        words = ["AVX-512" + (f" with {' and '.join(extras)}" if extras else " without VNNI")]
+    elif "avx2" in flags:
+        words = ["AVX2" + (" with AVX-VNNI" if "avx_vnni" in flags else ", no AVX-512, no VNNI")]
+    else:
+        words = ["no AVX2"]
+    words.append("AMX" if "amx_tile" in flags else "no AMX")
+    return ", ".join(words)
+
+
 def machine() -> dict:
-    """CPU model, cores this process may run on, commit and date: what a report states about its run."""
-    cpu = platform.processor() or "?"
+    """CPU model and extensions, cores this process may run on, commit and date: what a report states
+    about its run."""
+    info: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
+            for line in f:  # the first processor's lines are enough
+                key, _, value = line.partition(":")
+                info.setdefault(key.strip(), value.strip())
+    except OSError:
         pass
+    cpu = info.get("model name") or platform.processor() or platform.machine() or "?"
+    flags = set(info.get("flags", "").split())
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    return {"cpu": cpu, "cores": cores, "commit": commit.stdout.strip() or "?",
-            "date": f"{datetime.now(timezone.utc):%Y-%m-%d}"}
+    return {"cpu": cpu, "features": cpu_features(flags) if flags else "extensions unknown", "cores": cores,
+            "commit": commit.stdout.strip() or "?", "date": f"{datetime.now(timezone.utc):%Y-%m-%d}"}
+
+
+def date_line(m: Optional[dict] = None) -> str:
+    """`Date: YYYY-MM-DD (commit abc1234)`: the day of the run and the tree it measured."""
+    m = m or machine()
+    return f"Date: {m['date']} (commit {m['commit']})"
+
+
+def machine_line(extra: str = "", m: Optional[dict] = None) -> str:
+    """`Machine: <CPU model> (<extensions>), N cores[; extra]`: enough to tell a reader whether the
+    figures speak for their kind of machine."""
+    m = m or machine()
+    return f"Machine: {m['cpu']} ({m['features']}), {m['cores']} cores" + (f"; {extra}" if extra else "")

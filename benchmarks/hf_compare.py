@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import shlex
 import subprocess
 import sys
@@ -29,7 +28,7 @@ from typing import Callable, Sequence
 import torch
 
 from benchmarks.serving_compare import measure, median_of
-from benchmarks.harness import ServerProcess, free_port, rotations, wait_serving
+from benchmarks.harness import ServerProcess, date_line, free_port, machine_line, rotations, wait_serving
 
 ROOT = Path(__file__).resolve().parents[1]
 CAPTIONS = ROOT / "tests/data/test_2016_flickr.head200.en"
@@ -116,11 +115,12 @@ def run(kind: str, paths: dict, texts: list[str], args, check: bool = False):
 def render(res: dict, args, argv: list[str], same: int, n_same: int) -> str:
     ours, base = res["ours"], res["ct2"]
     lines = ["# An OPUS-MT-sized Marian model: our server vs CTranslate2", "",
-             f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; both servers and the "
-             f"client share it. Median of {args.repeats} repeats, servers alternating; greedy over the first 200 "
+             f"Command: `python -m benchmarks.hf_compare {shlex.join(argv)}`", "",
+             date_line(), "",
+             machine_line("both servers and the client share it"), "",
+             f"Median of {args.repeats} repeats, servers alternating; greedy over the first 200 "
              "test_2016_flickr captions, every text decoding its whole output budget (EOS never wins: see the "
              "module docstring).", "",
-             f"Command: `python -m benchmarks.hf_compare {shlex.join(argv)}`", "",
              f"Same tokens: {same}/{n_same} texts identical between the two servers (fp32).", "",
              "| load | ours tok/s | CT2 server tok/s | ours / CT2 | TTFT p50 ours / CT2 (ms) | "
              "server CPU µs/token ours / CT2 |", "|---|---|---|---|---|---|"]

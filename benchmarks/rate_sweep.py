@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import subprocess
 import sys
 from pathlib import Path
 from typing import Sequence
 
-from benchmarks.harness import ServerProcess
+from benchmarks.harness import ServerProcess, date_line, machine_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,8 +38,9 @@ def render(result: dict, args, argv: list[str]) -> str:
     best = max(levels, key=lambda lv: lv["goodput_rps"])
     lines = ["# Rate sweep of the shipped model: saturation knee and goodput", "",
              f"Command: `python -m benchmarks.rate_sweep {' '.join(argv)}`", "",
-             f"Machine: {platform.machine()}, {os.cpu_count()} cores (server and load generator share them). "
-             f"Server: `python -m server` with its defaults (model multi30k-en-de-small, fp32, 64 decode slots). "
+             date_line(), "",
+             machine_line("server and load generator share it"), "",
+             "Server: `python -m server` with its defaults (model multi30k-en-de-small, fp32, 64 decode slots). "
              f"Load: open loop, Poisson arrivals, greedy TranslateStream, one test_2016_flickr.en sentence per "
              f"call, {args.duration:g} s per level after a warm-up. SLO: TTFT ≤ {args.slo_ttft_ms:g} ms and "
              f"end-to-end ≤ {args.slo_e2e_ms:g} ms.", "",

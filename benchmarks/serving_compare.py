@@ -35,7 +35,8 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from benchmarks.harness import ServerProcess, cpu_seconds, free_port, rotations, wait_serving
+from benchmarks.harness import (ServerProcess, cpu_seconds, date_line, free_port, machine_line, rotations,
+                                wait_serving)
 
 ROOT = Path(__file__).resolve().parents[1]
 CKPT = ROOT / "models/pretrained/multi30k-en-de-small/model.pt"
@@ -184,10 +185,14 @@ def best_ct2(res: dict) -> dict:
 
 def render(results: dict, args, argv: list[str]) -> str:
     lines = ["# Serving: our server vs a CTranslate2 gRPC server", "",
-             f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python "
-             f"{platform.python_version()}; both servers and the client share it. Median of {args.repeats} "
-             "repeats, servers alternating; greedy decoding over test_2016_flickr.en.", "",
+             "What it measures: tokens/s, time to first token and server CPU per output token of our server "
+             "(serving the compared model alone) against CTranslate2 behind benchmarks/ct2_server.py on the same "
+             "checkpoint, streams at each load and unary batches. `python -m benchmarks.serving_compare` "
+             "rewrites this page.", "",
              f"Command: `python -m benchmarks.serving_compare {shlex.join(argv)}`", "",
+             date_line(), "",
+             machine_line(f"Python {platform.python_version()}; both servers and the client share it"), "",
+             f"Median of {args.repeats} repeats, servers alternating; greedy decoding over test_2016_flickr.en.", "",
              "CT2 = benchmarks/ct2_server.py at its best setting for each load, out of "
              f"{', '.join(f'`{c}`' for c in args.ct2_configs)} (replicas x intra-op threads each, `-bB` texts per "
              "batch, `-dD` ms of waiting for company; all in the same rotation).", ""]

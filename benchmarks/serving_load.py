@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import itertools
 import json
-import os
 import platform
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from benchmarks.harness import ServerProcess, cpu_seconds, wait_serving
+from benchmarks.harness import ServerProcess, cpu_seconds, date_line, machine_line, wait_serving
 from client.loadgen import Sample, grpc_stream, run_level
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -280,14 +279,17 @@ def render(results: dict, args, argv) -> str:
     base = runs[0]
     comp = base["inprocess"]["components"]
     lines = ["# Serving throughput and latency", "",
+             "What it measures: the same engine driven in-process and through the gRPC server at each number of "
+             "concurrent streams, and ONNX Runtime alone on the same step shapes. `python -m "
+             "benchmarks.serving_load` rewrites this page.", "",
              f"Greedy streams over test_2016_flickr.en, {args.requests}+ requests per level, "
              f"{results['repeats']} repeats alternating the modes (tokens/s: median, range in brackets), model "
              f"`{results['model']}`, decode slots {args.max_batch_size}, ONNX Runtime "
              f"{onnxruntime.__version__}, intra-op threads {args.threads or 'default'} (one pool per process).",
-             f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}. "
-             "Client and server share the machine. In-process = the same HostedModel driven from asyncio "
-             "without gRPC.", "",
-             f"Command: `python -m benchmarks.serving_load {' '.join(argv)}`", ""]
+             "In-process = the same HostedModel driven from asyncio without gRPC.", "",
+             f"Command: `python -m benchmarks.serving_load {' '.join(argv)}`", "",
+             date_line(), "",
+             machine_line(f"Python {platform.python_version()}; client and server share it"), ""]
     for run in runs:
         k, core = run["stream_interval"], run.get("engine_core", "thread")
         lines += [f"## Stream interval {k}" + (" (default: a message per token)" if k == 1 else

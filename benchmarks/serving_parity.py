@@ -1,7 +1,8 @@
 """Exact-token parity of the serving paths on a whole test set, through a real server.
 
     python -m benchmarks.serving_parity [--src-file ../shared/data/multi30k/test_2016_flickr.en] \\
-        [--decoders inplace,copy] [--beam 5] [--out docs/benchmarks/serving_parity.md]
+        [--decoders inplace,copy] [--beam 5] [--variant fp32|int8] [--engine-core thread|process]
+        [--out docs/benchmarks/serving_parity.md]
 
 For each --decoders value it starts `python -m server --decoder D` on loopback and
 collects the token ids of every sentence four ways:
@@ -18,22 +19,52 @@ difference is listed with the sentence. Exits non-zero if a pair differs.
 --variant int8 serves the int8 graphs: they are not meant to equal PyTorch's fp32 tokens, so
 there the reference is the int8 server itself, one sentence at a time ("alone"): batched,
 streamed and beam-in-a-batch must equal it (per-row activation scales, export/quantize.py).
+
+The report is one page with a section per configuration (variant, decoder graphs, engine layout): a
+run rewrites its own section, with its command, date and machine, and keeps the others, so the page
+always holds the latest run of each configuration.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import platform
 import sys
 import time
 from pathlib import Path
 from typing import Sequence
 
-from benchmarks.harness import ServerProcess, wait_serving
+from benchmarks.harness import ServerProcess, date_line, machine_line, wait_serving
 
 ROOT = Path(__file__).resolve().parents[1]
 CKPT = ROOT / "models/pretrained/multi30k-en-de-small/model.pt"
+INTRO = ["# Serving parity on the whole test set", "",
+         "What it measures: token ids through a real server (`python -m server --decoder D`) on loopback,",
+         "compared path by path on all 1,000 sentences of test_2016_flickr.en. The reference is PyTorch's",
+         "greedy decode of the checkpoint, one sentence at a time (fp32), or the int8 server alone, one",
+         "sentence at a time (int8). One section per configuration, each the latest run of it (`python -m",
+         "benchmarks.serving_parity` rewrites its own section).", ""]
+
+
+def write_section(out: Path, heading: str, body: list[str]) -> None:
+    """Replace the section titled `heading` in the page (or add it), keeping the other sections."""
+    sections: dict[str, list[str]] = {}
+    if out.exists():
+        current = None
+        for line in out.read_text().splitlines():
+            if line.startswith("## "):
+                current = line
+                sections[current] = []
+            elif current is not None:
+                sections[current].append(line)
+    sections[heading] = body
+    lines = list(INTRO)
+    for title, rest in sections.items():
+        while rest and not rest[-1].strip():
+            rest = rest[:-1]
+        lines += [title, *rest, ""]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines))
 
 
 def torch_greedy(texts: list[str]) -> list[list[int]]:
@@ -104,7 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--limit", type=int, default=0, help="first N sentences only (0 = all)")
     p.add_argument("--engine-core", default="thread", choices=["thread", "process"],
                    help="server --engine-core: the engine in the server's process or in a core process")
-    p.add_argument("--out", help="report file (default docs/benchmarks/serving_parity.md, _int8.md for --variant int8)")
+    p.add_argument("--out", default=str(ROOT / "docs/benchmarks/serving_parity.md"),
+                   help="the page whose section for this configuration the run rewrites")
     args = p.parse_args(argv)
     texts = Path(args.src_file).read_text(encoding="utf-8").splitlines()
     texts = texts[:args.limit] if args.limit else texts
@@ -140,19 +172,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                          else ""), name_a, name_b, len(texts) - len(diff), len(texts),
                          ", ".join(str(i) for i in diff[:10])))
             print(f"  {name_a} vs {name_b}: {len(texts) - len(diff)}/{len(texts)} identical", file=sys.stderr)
-    lines = ["# Serving parity on the whole test set", "",
-             f"Command: `python -m benchmarks.serving_parity {' '.join(argv)}`; machine: {platform.machine()}, "
-             f"{os.cpu_count()} cores; {time.monotonic() - t0:.0f} s. Token ids through a real server "
-             "(`python -m server --decoder D`) on loopback; the reference is PyTorch's greedy decode of the "
-             "checkpoint, one sentence at a time (fp32), or the int8 server alone, one sentence at a time (int8).", "",
+    heading = (f"## {args.variant}, decoders {','.join(args.decoders)}, engine "
+               + ("core process" if args.engine_core == "process" else "thread"))
+    lines = ["", f"Command: `python -m benchmarks.serving_parity {' '.join(argv)}` ({time.monotonic() - t0:.0f} s)", "",
+             date_line(), "", machine_line(f"Python {platform.python_version()}"), "",
              "| decoder graph | path | compared with | identical | of | first differing sentences |",
              "|---|---|---|---|---|---|"]
     lines += [f"| {d} | {a} | {b} | {same} | {n} | {diff or '-'} |" for d, a, b, same, n, diff in rows]
     lines += ["", f"Verdict: **{'FAIL' if failed else 'PASS'}**.", ""]
-    out = Path(args.out or ROOT / "docs/benchmarks" / ("serving_parity.md" if args.variant == "fp32" else f"serving_parity_{args.variant}.md"))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines))
-    print(out.read_text())
+    out = Path(args.out)
+    write_section(out, heading, lines)
+    print("\n".join([heading, *lines]))
     return 1 if failed else 0
 
 

@@ -9,7 +9,7 @@ encoder and a decoder session (and each further model) bring their own
 workers, which then spin against each other and against the gRPC threads for
 the same cores. One engine thread runs one session at a time, so one pool is
 enough; on the 2-core benchmark machine sharing it raised serving throughput
-by ~15-30% (docs/benchmarks/serving_load.md).
+by ~15-30% (`git show ba30137:docs/benchmarks/serving_load.md`).
 """
 from __future__ import annotations
 

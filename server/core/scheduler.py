@@ -74,7 +74,7 @@ class Scheduler:
         self.eos_id = eos_id
         self.rules = rules or GenerationRules(eos_id)
         self.guard = guard or RunawayGuard()
-        # Each stream message costs ~100 us of gRPC CPU on both ends (docs/benchmarks/serving_load.md);
+        # Each stream message costs ~100 us of gRPC CPU on both ends (git show ba30137:docs/benchmarks/serving_load.md);
         # under load, sending every N tokens buys that CPU back for decoding.
         self.stream_interval = max(1, stream_interval)
         self.max_queue, self.max_encode_tokens, self.max_encode_batch = max_queue, max_encode_tokens, max_encode_batch

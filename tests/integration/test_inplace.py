@@ -142,9 +142,9 @@ def test_int8_server_gives_the_same_tokens_alone_and_in_any_batch():
 
 
 def test_attention_ops_benchmark_checks_both_ops_against_a_reference():
-    """benchmarks/attention_ops.py (GroupQueryAttention vs opset-24 Attention over a preallocated buffer):
+    """benchmarks/studies/attention_ops.py (GroupQueryAttention vs opset-24 Attention over a preallocated buffer):
     both ops give each row attention over its own real entries only, on this machine's CPU."""
-    from benchmarks.attention_ops import measure
+    from benchmarks.studies.attention_ops import measure
 
     r = measure(rows=4, cap=32, dtype="fp32", provider="cpu", rng=np.random.default_rng(3))
     assert r["gqa_err"] < 1e-5 and r["attention_err"] < 1e-5, r

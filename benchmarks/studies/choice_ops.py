@@ -1,7 +1,7 @@
 """Greedy token choice where the logits are (a small second graph on the session's provider) vs on the
 host (the logits handed over, numpy's argmax), per decode step.
 
-    python -m benchmarks.choice_ops [--rows 64,256] [--vocab 8000,58101,256206] [--provider cpu|cuda]
+    python -m benchmarks.studies.choice_ops [--rows 64,256] [--vocab 8000,58101,256206] [--provider cpu|cuda]
 
 The decode-step issue asks that only token ids leave the device. This measures the choice alone, for
 the shipped model's vocabulary (8,000), OPUS-MT's (58,101) and NLLB's (256,206): the host path
@@ -22,7 +22,7 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from benchmarks.attention_ops import make_session
+from benchmarks.studies.attention_ops import make_session
 
 
 def choice_graph(scored: bool):
@@ -92,7 +92,7 @@ def main(argv=None) -> int:
     p.add_argument("--provider", choices=["cpu", "cuda"], default="cpu")
     args = p.parse_args(argv)
     rng = np.random.default_rng(0)
-    print(f"`python -m benchmarks.choice_ops {' '.join(argv if argv is not None else sys.argv[1:])}` — "
+    print(f"`python -m benchmarks.studies.choice_ops {' '.join(argv if argv is not None else sys.argv[1:])}` — "
           f"ONNX Runtime {ort.__version__}, numpy {np.__version__}, {args.provider}\n")
     print("| rows | vocabulary | scores | host: logits out + numpy µs | graph: ArgMax on the provider µs | "
           "graph / host | bytes to the host per row (host / graph) | log-prob max error |\n"

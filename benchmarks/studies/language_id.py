@@ -1,6 +1,6 @@
 """Language identification for requests without a source language: py3langid, lingua and langdetect compared.
 
-    python -m benchmarks.language_id [--per-language N] [--out docs/benchmarks/language_id.md]
+    python -m benchmarks.studies.language_id [--per-language N] [--out docs/benchmarks/language_id.md]
 
 Why: a request that names no source language (DeepL's source_lang omitted, LibreTranslate's
 source=auto) is routed to a model by the language its texts are in, so the identifier runs on every
@@ -53,7 +53,7 @@ from pathlib import Path
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT.parent / "shared" / "data"
 LANGS = ("en", "de", "fr")
 SHORT = 20  # characters: a "short" text is at most this long
@@ -264,7 +264,7 @@ def probe(name: str) -> dict:
 
 
 def run_probe(name: str, texts: list[str]) -> dict:
-    result = subprocess.run([sys.executable, "-m", "benchmarks.language_id", "--probe", name],
+    result = subprocess.run([sys.executable, "-m", "benchmarks.studies.language_id", "--probe", name],
                             input=json.dumps(texts), capture_output=True, text=True, cwd=ROOT, check=True)
     return json.loads(result.stdout)
 
@@ -647,7 +647,7 @@ def main(argv: list[str] | None = None) -> int:
             ranking[name] = ranking_us(identifier, sets)
             fallbacks[name] = served_fallbacks(identifier, results[name])
 
-    command = "python -m benchmarks.language_id" + "".join(f" {a}" for a in (argv or sys.argv[1:]))
+    command = "python -m benchmarks.studies.language_id" + "".join(f" {a}" for a in (argv or sys.argv[1:]))
     text = report(command, sets, results, joined_results, ranking, loads, fallbacks, kept_recommendation(args.out))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text, encoding="utf-8")

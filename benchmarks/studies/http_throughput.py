@@ -1,6 +1,6 @@
 """HTTP/JSON vs gRPC on the same server: unary batches, several clients, alternating rounds.
 
-    python -m benchmarks.http_throughput [--clients 4] [--batch 32] [--calls 20] [--rounds 5]
+    python -m benchmarks.studies.http_throughput [--clients 4] [--batch 32] [--calls 20] [--rounds 5]
 
 One server process serves both ports (the HTTP edge runs the gRPC servicer in process,
 server/gateway.py). Each round runs, one after the other, `--clients` threads sending
@@ -29,7 +29,7 @@ from benchmarks.harness import ServerProcess, machine, rotations
 from client.client import TranslatorClient
 from models.data import multi30k_file
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared" / "data" / "multi30k"
 
 
@@ -127,7 +127,7 @@ def render(results: dict[str, list[dict]], args, argv) -> str:
                                   for i in range(rounds)) for n in results}
     m = machine()
     out = ["# HTTP/JSON vs gRPC, unary batches", "",
-           f"`python -m benchmarks.http_throughput {' '.join(argv or sys.argv[1:])}` — "
+           f"`python -m benchmarks.studies.http_throughput {' '.join(argv or sys.argv[1:])}` — "
            f"{m['date']}, {m['cpu']}, {m['cores']} cores shared by server and clients; {args.clients} clients x "
            f"{args.calls} calls of {args.batch} "
            f"test sentences (en->de, shipped model), {rounds} alternating rounds.", "",

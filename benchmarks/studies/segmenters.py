@@ -1,7 +1,7 @@
 """Sentence segmenters compared for the server's document splitting: pysbd, sentencex, blingfire, syntok.
 
-    python -m benchmarks.segmenters            # writes docs/segmenters.md
-    python -m benchmarks.segmenters --no-write # prints the report only
+    python -m benchmarks.studies.segmenters            # writes docs/segmenters.md
+    python -m benchmarks.studies.segmenters --no-write # prints the report only
 
 Gold set: hand-written English, German and French paragraphs, each stored as its list of sentences. The
 paragraph is those sentences joined by a space, except that a sentence that begins with whitespace carries
@@ -32,7 +32,7 @@ from pathlib import Path
 for _var in ("OMP_NUM_THREADS", "RAYON_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NB, NNB = "\u00a0", "\u202f"  # French typography: no-break space, narrow no-break space
 
 EN = [
@@ -343,7 +343,7 @@ def report(results: list[tuple[Library, dict]], cases: list, command: str, doc_c
         "",
         f"Produced by `{command}` on {machine()}, Python {platform.python_version()}, one thread. Gold set: "
         f"{len(cases)} hand-written paragraphs ({n['en']} en, {n['de']} de, {n['fr']} fr, "
-        f"{sum(len(g) for _, _, g in cases)} boundaries) in `benchmarks/segmenters.py`: abbreviations, decimals "
+        f"{sum(len(g) for _, _, g in cases)} boundaries) in `benchmarks/studies/segmenters.py`: abbreviations, decimals "
         "and thousands separators, ellipses, quotes and nested quotes, sentences ending in quotes or brackets, "
         "URLs, e-mail addresses, list items, German ordinals and times, initials, `?!`, French no-break spaces, "
         "newlines, CRLF, an emoji.",
@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{lib.name:10s} exact {r['exact_all']:.0%}  F1 {r['f1']:.3f}  "
               f"{r['rate'][0]:,.0f} / {r['rate'][1]:,.0f} chars/s", flush=True)
         results.append((lib, r))
-    command = " ".join([".venv/bin/python -m benchmarks.segmenters", *(sys.argv[1:] if argv is None else argv)])
+    command = " ".join([".venv/bin/python -m benchmarks.studies.segmenters", *(sys.argv[1:] if argv is None else argv)])
     text = report(results, cases, command, args.doc_chars, kept_section(args.out))
     if args.no_write:
         print(text)

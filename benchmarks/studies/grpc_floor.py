@@ -1,6 +1,6 @@
 """What grpc.aio itself costs per streamed message on this machine: the frontend's floor.
 
-    python -m benchmarks.grpc_floor [--streams 8,64] [--messages 13] [--step-ms 3] [--rounds 3]
+    python -m benchmarks.studies.grpc_floor [--streams 8,64] [--messages 13] [--step-ms 3] [--rounds 3]
 
 A server with no model streams TranslateStreamResponse messages shaped like ours (a word of
 text, one token id, the model name) on the real nmt.v1 method: every --step-ms one "engine
@@ -27,7 +27,7 @@ from benchmarks.harness import cpu_seconds, free_port, machine
 from protos.nmt.v1 import translator_pb2 as pb
 from protos.nmt.v1 import translator_pb2_grpc as pb_grpc
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class PacedServicer(pb_grpc.TranslatorServicer):
@@ -85,13 +85,13 @@ def main(argv=None) -> int:
         asyncio.run(serve(args.serve, args.messages, args.step_ms))
         return 0
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.grpc_floor", "--serve", str(port), "--messages",
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.studies.grpc_floor", "--serve", str(port), "--messages",
                              str(args.messages), "--step-ms", str(args.step_ms)], cwd=ROOT, stdout=subprocess.PIPE,
                             text=True)
     try:
         assert proc.stdout.readline().strip() == "ready"
         m = machine()
-        print(f"`python -m benchmarks.grpc_floor {' '.join(argv or sys.argv[1:])}` — {m['cpu']}, {m['cores']} cores, "
+        print(f"`python -m benchmarks.studies.grpc_floor {' '.join(argv or sys.argv[1:])}` — {m['cpu']}, {m['cores']} cores, "
               f"grpcio {grpc.__version__}\n\n| streams | messages/s | server CPU µs per message |\n|---|---|---|")
         asyncio.run(drive(f"127.0.0.1:{port}", 4, 16))  # warm-up
         for streams in args.streams:

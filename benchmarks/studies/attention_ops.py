@@ -1,7 +1,7 @@
 """Cross-attention over a preallocated buffer: GroupQueryAttention (what the in-place step uses) vs the
 opset-24 `Attention` with per-row valid lengths (the standard-op candidate), on this machine's provider.
 
-    python -m benchmarks.attention_ops [--rows 64] [--capacity 64,256] [--provider cpu|cuda] [--dtype fp32|fp16]
+    python -m benchmarks.studies.attention_ops [--rows 64] [--capacity 64,256] [--provider cpu|cuda] [--dtype fp32|fp16]
 
 docs/design/inplace-cache.md leaves one question open before the standard ops can replace the
 contrib op: does `Attention` with `nonpad_kv_seqlen` cost what the valid lengths cost, or what the
@@ -125,7 +125,7 @@ def main(argv=None) -> int:
                    help="fp16 for CUDA, whose GroupQueryAttention kernel takes no fp32")
     args = p.parse_args(argv)
     rng = np.random.default_rng(0)
-    print(f"`python -m benchmarks.attention_ops {' '.join(argv if argv is not None else sys.argv[1:])}` — "
+    print(f"`python -m benchmarks.studies.attention_ops {' '.join(argv if argv is not None else sys.argv[1:])}` — "
           f"ONNX Runtime {ort.__version__}, {args.provider}, {args.dtype}\n")
     print("| rows | capacity | GroupQueryAttention µs | Attention (nonpad_kv_seqlen) µs | max error vs float64 "
           "(GQA / Attention) |\n|---|---|---|---|---|")

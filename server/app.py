@@ -14,7 +14,7 @@ from models.core.bundle import discover
 from protos.nmt.v1 import translator_pb2 as pb
 from server.config import ServerConfig
 from server.coreprocess.frontends import FrontendPool
-from server.coreprocess.supervisor import CoreSupervisor
+from server.coreprocess.replicas import Replicas
 from server.core.errors import Unavailable
 from server.admission import Admission, Limits
 from server.gateway import Gateway
@@ -45,7 +45,7 @@ class TranslationServer:
         self.cfg, self.attach = cfg, attach
         self.metrics = Metrics(engine_here=cfg.engine_core == "thread" and not attach)
         self.models: dict[str, HostedModel] = {}
-        self.core: Optional[CoreSupervisor] = None  # --engine-core process: the engine core's supervisor
+        self.core: Optional[Replicas] = None  # --engine-core process: the engine replicas' supervisors
         self.frontends: Optional[FrontendPool] = None  # --frontends N > 1: the other frontend processes
         self.server: Optional[grpc.aio.Server] = None
         self.health = Health(("", SERVICE_NAME))  # readiness names; the "liveness" entry stays up while draining
@@ -110,9 +110,9 @@ class TranslationServer:
             shared = bool(self.attach) or count > 1  # several processes listen on the one port
             self.http_port = await self.http.start(cfg.http_host or cfg.host, cfg.http_port, reuse_port=shared)
         if count > 1:
-            self.frontends = FrontendPool(count, self.core.config_file, self.core.dir, self.core.link.address,
+            self.frontends = FrontendPool(count, self.core.config_file, self.core.dir, self.core.addresses,
                                           self.port, self.http_port if self.http else -1, self.metrics,
-                                          self.core.link.forget)
+                                          self.core.forget)
             await self.frontends.start()
             self.metrics.others = lambda: self._on_loop(self.frontends.metrics_texts, [])
         # SIGHUP: reload --api-keys-file (here, and in the other frontend processes)
@@ -142,15 +142,15 @@ class TranslationServer:
         """The engine core process loads and warms every model; this process keeps their tokenizers and
         request checks, and queues through the core's link (server/coreprocess/)."""
         t0 = time.perf_counter()
-        self.core = CoreSupervisor(self.cfg, self.metrics, on_down=self.health.not_ready, on_up=self._core_back,
+        self.core = Replicas(self.cfg, self.metrics, on_down=self.health.not_ready, on_up=self._core_back,
                                    attach=self.attach)
         ready = await self.core.start()
         facts = {f.name: f for f in ready.models}
         if not self.attach:  # the primary exports the core's series; an extra frontend only its own
-            self.metrics.add_core(lambda: self._on_loop(self.core.link.metrics_text, ""))
+            self.metrics.add_core(lambda: self._on_loop(self.core.metrics_text, ""))
         for bundle in discover(self.cfg.model_repository):
             model = HostedModel(bundle, self.cfg, self.metrics, engine=False)
-            model.link, model.provider, model.capacity = self.core.link, facts[bundle.name].provider, \
+            model.link, model.provider, model.capacity = self.core, facts[bundle.name].provider, \
                 facts[bundle.name].capacity
             self.models[bundle.name] = model
             self._loaded(model, time.perf_counter() - t0)
@@ -224,8 +224,10 @@ class TranslationServer:
         grace = self.cfg.grace_period_s if grace is None else grace
         lame_duck = self.cfg.lame_duck_s if lame_duck is None else lame_duck
         await self.health.not_ready()
-        if self.core is not None and self.core.attached:
-            self.core.stopping = True  # the primary stops the core: its exit from here on is no loss
+        if self.core is not None:
+            for member in self.core.members:
+                if member.attached:
+                    member.stopping = True  # the primary stops the cores: their exit from here on is no loss
         others = None
         if self.frontends is not None:  # the same lame duck and drain in each, for its own calls
             await self.frontends.begin_stop()
@@ -263,7 +265,7 @@ class TranslationServer:
     def _in_flight(self) -> int:
         """Texts queued or decoding, all models together."""
         if self.core is not None:
-            return len(self.core.link.jobs)
+            return sum(len(m.link.jobs) for m in self.core.members)
         return sum(len(m.scheduler.waiting) + len(m.scheduler.running) for m in self.models.values())
 
     async def wait(self) -> None:

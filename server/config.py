@@ -110,6 +110,11 @@ HELP = {
                    "process, beside the gRPC/HTTP frontend) or process (a core process of its own: a crash or a "
                    "stuck loop there fails the calls in flight UNAVAILABLE and the core restarts while the "
                    "ports stay up; docs/architecture.md)",
+    "engine_replicas": "engine core processes (--engine-core process), each with every model, its own ONNX Runtime "
+                       "sessions, slot cache, scheduler and loop; a call goes to the replica with the least "
+                       "outstanding work, a replica that dies costs only its own calls and restarts while the "
+                       "others serve (server/coreprocess/replicas.py); 0 = one per physical core (less one per "
+                       "extra frontend) with --engine-core process, else 1",
     "frontends": "gRPC/HTTP frontend processes sharing the ports over one engine core (needs --engine-core "
                  "process; > 1 spreads connections with SO_REUSEPORT); 0 = one per 4 cores with --engine-core process, "
                  "else 1",
@@ -180,6 +185,7 @@ class ServerConfig:
     keepalive_permit_without_calls: bool = True
     workers: int = 4  # threads for the handlers' blocking work (validation, tokenisation), off the event loop
     engine_core: str = "thread"  # thread | process (server/coreprocess/)
+    engine_replicas: int = 0  # engine core processes (--engine-core process); 0 = one per physical core
     frontends: int = 0  # frontend processes over the core (--engine-core process); 0 = one per 4 cores
     watchdog_s: float = 30.0  # no engine step for this long with work waiting: NOT_SERVING, fail requests, exit 3
     warmup: bool = True
@@ -238,17 +244,28 @@ class ServerConfig:
         return self.frontends if self.frontends > 0 else max(1, (os.cpu_count() or 1) // 4)
 
     @property
+    def replicas(self) -> int:
+        """--engine-replicas resolved: N as given, or 0 = one per physical core with the engine core in its
+        own processes (independent single-thread engines: nothing waits on a thread pool's barrier between
+        the small kernels of a small model; CTranslate2's inter_threads), 1 in-process."""
+        if self.engine_core != "process":
+            return 1
+        # The first frontend shares the engines' cores (its work comes between theirs); extra ones take one each.
+        return self.engine_replicas if self.engine_replicas > 0 else \
+            max(1, physical_cores() - (self.frontend_processes - 1))
+
+    @property
     def engine_threads(self) -> int:
         """--intra-op-threads resolved (0 = ONNX Runtime's default, one per physical core).
 
         With the engine core in its own process, the default leaves a core to each frontend: a loaded
         frontend keeps one core busy with gRPC writes, and ONNX Runtime threads that share it wait on
-        the frontend at every operator's barrier. Measured on 2 cores (docs/benchmarks/serving_load_engine_core.md):
+        the frontend at every operator's barrier. Measured on 2 cores (git show 275dec7:docs/benchmarks/serving_load_engine_core_threads.md):
         one engine thread served 1.1-1.3x the tokens/s of two, at 1, 8 and 64 streams, with the engine
         core's CPU per token down by a third."""
         if self.intra_op_threads > 0 or self.engine_core != "process":
             return self.intra_op_threads
-        return max(1, physical_cores() - self.frontend_processes)
+        return max(1, (physical_cores() - self.frontend_processes) // self.replicas)
 
     def problems(self) -> list[str]:
         """Settings that contradict each other or make a legal request unservable, all at once.
@@ -276,6 +293,9 @@ class ServerConfig:
             out.append(f"--ort-spinning must be auto, true or false (got {self.ort_spinning!r})")
         if self.engine_core not in ("thread", "process"):
             out.append(f"--engine-core must be thread or process (got {self.engine_core!r})")
+        if self.engine_replicas < 0 or (self.engine_replicas > 1 and self.engine_core != "process"):
+            out.append(f"--engine-replicas {self.engine_replicas}: several engine replicas need --engine-core "
+                       "process (0 = one per physical core there)")
         if self.frontends < 0 or (self.frontends > 1 and self.engine_core != "process"):
             out.append(f"--frontends {self.frontends}: extra frontend processes need --engine-core process "
                        "(and a count >= 0)")

@@ -75,7 +75,7 @@ async def serve(cfg: ServerConfig, core: str, control: str, parent: int) -> int:
 def main() -> int:
     p = argparse.ArgumentParser(prog="python -m server.coreprocess.frontend", description=__doc__)
     p.add_argument("--config", required=True, help="the server's settings as JSON (written by the primary)")
-    p.add_argument("--core", required=True, help="the engine core's ZeroMQ address")
+    p.add_argument("--core", required=True, help="the engine replicas' ZeroMQ addresses, comma-separated")
     p.add_argument("--control", required=True, help="the primary's control address")
     p.add_argument("--port", type=int, required=True, help="the gRPC port the primary bound")
     p.add_argument("--http-port", type=int, required=True, help="the HTTP port the primary bound (-1: none)")

@@ -27,7 +27,7 @@ LONG = dict(max_output_tokens=250, min_output_tokens=250, temperature=5.0, seed=
 
 @pytest.fixture(scope="module")
 def core_server():
-    srv = ServerThread(engine_core="process", runaway_guard=False).start()
+    srv = ServerThread(engine_core="process", engine_replicas=1, runaway_guard=False).start()
     with TranslatorClient(srv.target, timeout=120, retries=0) as client:
         yield srv, client
     srv.stop()
@@ -42,7 +42,7 @@ def thread_server():
 
 
 def core_pid(srv: ServerThread) -> int:
-    return srv.app.core.pid
+    return srv.app.core.members[0].pid
 
 
 def status_of(call) -> grpc.StatusCode:
@@ -137,7 +137,7 @@ def test_deadline_reaches_the_core(core_server):
 
 
 def test_a_killed_core_fails_calls_unavailable_and_comes_back(start_server):
-    srv = start_server(engine_core="process", runaway_guard=False)
+    srv = start_server(engine_core="process", engine_replicas=1, runaway_guard=False)
     texts = flickr_sentences(16)
     with TranslatorClient(srv.target, timeout=120, retries=0) as client:
         before = [t.hypotheses[0].text for t in client.translate(texts).translations]
@@ -150,13 +150,13 @@ def test_a_killed_core_fails_calls_unavailable_and_comes_back(start_server):
             ends = [pool.submit(read_to_end, s) for s in streams]
             # Calls sent to the frozen core wait for its answer to their submission.
             unary = [pool.submit(status_of, lambda: client.translate(texts[:2])) for _ in range(2)]
-            assert wait_for(lambda: len(srv.app.core.link.waiting) == 2)
+            assert wait_for(lambda: len(srv.app.core.members[0].link.waiting) == 2)
             os.kill(old, signal.SIGKILL)
             codes = [f.result(60)[0] for f in ends] + [f.result(60) for f in unary]
         assert codes == [grpc.StatusCode.UNAVAILABLE] * 10, codes  # every call answered, retryable
         assert client.health("liveness") == "SERVING"  # the frontend never went down
         t0 = time.monotonic()
-        assert wait_for(lambda: client.health() == "SERVING" and srv.app.core.pid != old, timeout=90)
+        assert wait_for(lambda: client.health() == "SERVING" and core_pid(srv) != old, timeout=90)
         print(f"SERVING again {time.monotonic() - t0:.2f} s after the kill was noticed")
         assert srv.metric("nmt_engine_core_restarts_total") == 1
         after = [t.hypotheses[0].text for t in client.translate(texts).translations]
@@ -165,8 +165,8 @@ def test_a_killed_core_fails_calls_unavailable_and_comes_back(start_server):
 
 def test_sigterm_drains_through_the_core_and_leaves_no_process():
     port, metrics_port = free_port(), free_port()
-    proc = start_subprocess(port, metrics_port, "--engine-core", "process", "--runaway-guard", "false",
-                            "--grace-period-s", "60")
+    proc = start_subprocess(port, metrics_port, "--engine-core", "process", "--engine-replicas", "1",
+                            "--runaway-guard", "false", "--grace-period-s", "60")
     try:
         with TranslatorClient(f"127.0.0.1:{port}", timeout=120, retries=0) as client:
             wait_process_serving(client, proc)
@@ -187,7 +187,7 @@ def test_sigterm_drains_through_the_core_and_leaves_no_process():
 
 def test_a_dead_frontend_takes_its_core_with_it():
     port, metrics_port = free_port(), free_port()
-    proc = start_subprocess(port, metrics_port, "--engine-core", "process")
+    proc = start_subprocess(port, metrics_port, "--engine-core", "process", "--engine-replicas", "1")
     try:
         with TranslatorClient(f"127.0.0.1:{port}", timeout=60, retries=0) as client:
             wait_process_serving(client, proc)

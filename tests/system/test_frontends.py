@@ -60,7 +60,7 @@ def cmdline(pid: int) -> str:
 
 
 def test_connections_spread_over_frontends_and_metrics_are_one_view(start_server):
-    srv = start_server(engine_core="process", frontends=3, runaway_guard=False)
+    srv = start_server(engine_core="process", engine_replicas=1, frontends=3, runaway_guard=False)
     extra = srv.app.frontends.pids
     assert len(extra) == 2
     pids = [os.getpid(), *extra]  # the primary frontend runs in this test process (ServerThread)
@@ -85,7 +85,7 @@ def test_connections_spread_over_frontends_and_metrics_are_one_view(start_server
 
 
 def test_a_killed_frontend_loses_only_its_own_calls(start_server):
-    srv = start_server(engine_core="process", frontends=2, runaway_guard=False)
+    srv = start_server(engine_core="process", engine_replicas=1, frontends=2, runaway_guard=False)
     (extra,) = srv.app.frontends.pids
     me, port = os.getpid(), srv.app.port
     held = connections_by_holder(srv.target, port, [me, extra], {me, extra})
@@ -95,7 +95,7 @@ def test_a_killed_frontend_loses_only_its_own_calls(start_server):
     streams = [stub.TranslateStream(request, timeout=120) for stub in (on_extra, on_extra, on_primary, on_primary)]
     for s in streams:
         next(s)  # all four decoding in the core
-    core = srv.app.core.pid
+    core = srv.app.core.members[0].pid
     os.kill(core, signal.SIGSTOP)  # nothing finishes while the frontend dies
     try:
         os.kill(extra, signal.SIGKILL)

@@ -120,22 +120,27 @@ def test_a_bad_ort_spinning_value_is_a_named_problem():
     assert any("--ort-spinning" in p for p in ServerConfig(ort_spinning="sometimes").problems())
 
 
-@pytest.mark.parametrize("core,frontends,threads,physical,cpus,expected", [
-    ("process", 0, 0, 2, 2, 1),    # 2 cores: one frontend, one engine thread
-    ("process", 0, 0, 8, 16, 4),   # 16 CPUs, 8 cores: four frontends, four engine threads
-    ("process", 3, 0, 2, 2, 1),    # never below one
-    ("process", 0, 6, 2, 2, 6),    # an explicit count is kept
-    ("thread", 0, 0, 8, 16, 0),    # beside the frontend: ONNX Runtime's default
+@pytest.mark.parametrize("core,frontends,threads,replicas,physical,cpus,expected", [
+    ("process", 0, 0, 0, 2, 2, (2, 1)),    # 2 cores: one frontend, two single-thread replicas
+    ("process", 0, 0, 1, 2, 2, (1, 1)),    # one replica: a core left to the frontend
+    ("process", 0, 0, 1, 8, 16, (1, 4)),   # 16 CPUs, 8 cores: four frontends, one replica of four threads
+    ("process", 0, 0, 0, 8, 16, (5, 1)),   # ... by default five single-thread replicas (three extra frontends)
+    ("process", 3, 0, 0, 2, 2, (1, 1)),    # never below one
+    ("process", 0, 6, 0, 2, 2, (2, 6)),    # an explicit count is kept
+    ("thread", 0, 0, 0, 8, 16, (1, 0)),    # beside the frontend: ONNX Runtime's default
 ])
-def test_the_engine_core_leaves_a_core_to_each_frontend(monkeypatch, core, frontends, threads, physical, cpus,
-                                                        expected):
-    """--intra-op-threads 0 with the core in its own process: the physical cores less one per frontend
-    process (a loaded frontend keeps a core busy; engine threads sharing it wait at every barrier)."""
+def test_the_engine_core_leaves_a_core_to_each_frontend(monkeypatch, core, frontends, threads, replicas, physical,
+                                                        cpus, expected):
+    """--engine-replicas 0 with the engine in core processes: one single-thread replica per physical core,
+    less one per extra frontend; --intra-op-threads 0: the physical cores less one per frontend
+    process, shared by the replicas (a loaded frontend keeps a core busy; engine threads sharing it
+    wait at every barrier)."""
     import server.config as config
     monkeypatch.setattr(config, "physical_cores", lambda: physical)
     monkeypatch.setattr(config.os, "cpu_count", lambda: cpus)
-    cfg = config.ServerConfig(engine_core=core, frontends=frontends, intra_op_threads=threads)
-    assert cfg.engine_threads == expected and not cfg.problems()
+    cfg = config.ServerConfig(engine_core=core, frontends=frontends, intra_op_threads=threads,
+                              engine_replicas=replicas)
+    assert (cfg.replicas, cfg.engine_threads) == expected and not cfg.problems()
 
 
 def test_physical_cores_counts_each_core_once():

@@ -1,0 +1,83 @@
+"""Engine replicas (--engine-core process --engine-replicas N, server/coreprocess/replicas.py): calls spread
+over the replicas by outstanding work, each replica's series carry its label, and a replica killed
+under load costs only its own calls (UNAVAILABLE) while the others finish, health never leaves
+SERVING, and the replica comes back. A real server, real core processes, the shipped models.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import signal
+import threading
+import time
+
+import grpc
+
+from client.client import TranslatorClient
+from tests.serving import flickr_sentences, read_to_end, wait_for
+
+MODEL = "multi30k-en-de-small"
+LONG = dict(max_output_tokens=250, min_output_tokens=250, temperature=5.0, seed=1)  # ~250 steps each
+
+
+def replica_of(srv, job_count_before: list[int]) -> int:
+    """The replica whose link holds more jobs than before (a call just submitted)."""
+    now = [len(m.link.jobs) for m in srv.app.core.members]
+    return next(i for i, (a, b) in enumerate(zip(job_count_before, now)) if b > a)
+
+
+def test_idle_calls_rotate_and_each_replica_reports_its_own_series(start_server):
+    srv = start_server(engine_core="process", engine_replicas=2, runaway_guard=False)
+    assert len(srv.app.core.members) == 2 and len(set(srv.app.core.pids)) == 2
+    texts = flickr_sentences(8)
+    with TranslatorClient(srv.target, timeout=120, retries=0) as client:
+        alone = [t.hypotheses[0].text for t in client.translate(texts, model=MODEL).translations]
+        for _ in range(4):  # on an idle server, ties rotate: both replicas take calls
+            assert [t.hypotheses[0].text for t in client.translate(texts, model=MODEL).translations] == alone
+    per_replica = [srv.metric("nmt_output_tokens_total", model=MODEL, replica=str(i)) for i in (0, 1)]
+    assert all(n > 0 for n in per_replica), per_replica
+    text = srv.metrics_text()
+    assert text.count("# TYPE nmt_output_tokens_total counter") == 1  # one family, a sample per replica
+
+
+def test_a_killed_replica_fails_only_its_own_calls_and_comes_back(start_server):
+    srv = start_server(engine_core="process", engine_replicas=2, runaway_guard=False)
+    texts = flickr_sentences(8)
+    with TranslatorClient(srv.target, timeout=120, retries=0) as client:
+        before = [t.hypotheses[0].text for t in client.translate(texts, model=MODEL).translations]
+        streams, homes = [], []
+        for text in texts[:6]:  # each call to the replica with less outstanding work (source tokens)
+            counts = [len(m.link.jobs) for m in srv.app.core.members]
+            stream = client.translate_stream(text, model=MODEL, **LONG)
+            next(iter(stream))  # decoding in its replica
+            streams.append(stream)
+            homes.append(replica_of(srv, counts))
+        assert set(homes) == {0, 1}, homes  # the second call found the other replica idle
+        victim = srv.app.core.members[0].pid
+        health: list[str] = []
+        watching = threading.Event()
+
+        def watch() -> None:  # readiness sampled throughout: it must never leave SERVING
+            with TranslatorClient(srv.target, timeout=10, retries=0) as probe:
+                while not watching.is_set():
+                    health.append(probe.health())
+                    time.sleep(0.02)
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            os.kill(victim, signal.SIGKILL)
+            with cf.ThreadPoolExecutor(6) as pool:
+                codes = [f.result(120)[0] for f in [pool.submit(read_to_end, s) for s in streams]]
+            t0 = time.monotonic()
+            assert wait_for(lambda: srv.app.core.members[0].pid not in (None, victim)
+                            and srv.app.core.members[0].link.up, timeout=90)
+            print(f"replica 0 back {time.monotonic() - t0:.2f} s after the other calls finished")
+        finally:
+            watching.set()
+            watcher.join(30)
+        want = [grpc.StatusCode.UNAVAILABLE if home == 0 else grpc.StatusCode.OK for home in homes]
+        assert codes == want, (codes, homes)
+        assert health and set(health) == {"SERVING"}, set(health)
+        assert srv.metric("nmt_engine_core_restarts_total") == 1
+        after = [t.hypotheses[0].text for t in client.translate(texts, model=MODEL).translations]
+        assert after == before

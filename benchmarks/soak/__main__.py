@@ -1,21 +1,25 @@
 """Soak and fuzz the translation server: a bounded mixed workload with hostile input, then a SIGTERM drain.
 
     python -m benchmarks.soak [--duration 60] [--max-rpcs 100000] [--concurrency 16] [--seed 0]
-        [--json PATH] [--out docs/soak.md] [--target 127.0.0.1:PORT [--metrics-url URL]]
+        [--json PATH] [--out docs/soak.md] [--target 127.0.0.1:PORT [--metrics-url URL] [--http-url URL]]
+        [--strict-timing] [--strict-memory]
 
-Without --target it starts `python -m server` on free loopback ports with a
-small queue (--max-queue-size 64) and waits for health SERVING. Then:
+Without --target it starts `python -m server` on free loopback ports (gRPC, metrics
+and HTTP) with a small queue (--max-queue-size 64) and waits for health SERVING. Then:
   rest     30 test sentences, greedy, one per call (the reference outputs)
-  warmup   one call of every category and of every fuzz case, then the random mix at
-           low concurrency
+  warmup   one call of every category, of every fuzz case, of every extreme setting and of
+           every hostile HTTP case, then the random mix at low concurrency
   large    large requests (64 long texts with beam search, 1000 texts, 100k-character
            texts, 3.8 MB in one request) with a health check every 10 ms: health must
            answer in < 50 ms
   load     the random mix (benchmarks/soak/traffic.py: unary, streams, embed, list,
            health, cancellations, short deadlines, slow readers, closed channels,
-           fuzzed payloads and options) from --concurrency workers, a health check
-           every 100 ms; at 40% a burst far past the queue limit while the 30
-           sentences are translated again ("heavy"): outputs must equal those at rest
+           fuzzed payloads and options; extreme.py: extreme but valid settings;
+           http_traffic.py: the native, DeepL and LibreTranslate APIs over one
+           keep-alive pool, SSE streams read or dropped, hostile HTTP on raw sockets)
+           from --concurrency workers, gRPC and HTTP health checks every 100 ms; at 40%
+           a burst far past the queue limit while the 30 sentences are translated again
+           and every extreme setting runs beside them ("heavy"): outputs must equal those at rest
   settle   the running / waiting / KV gauges must return to 0; nmt_requests_total
            must agree with the codes the client saw
   drain    SIGTERM with streams in flight: they finish or get UNAVAILABLE, new calls
@@ -25,11 +29,13 @@ The server's VmRSS is sampled every second throughout. The run stops by itself
 and talks to 127.0.0.1 only. Writes a Markdown report (--out), a PNG beside it
 and, with --json, a JSON summary.
 
-Exit code 0 only if: no INTERNAL or UNKNOWN, no hangs, every call got a code its
-category allows, greedy outputs equal at rest and under load, every category ran,
-the gauges settle to 0, nmt_requests_total agrees with the client, the drain
-is clean, and no health check during large requests took 1 s (--stall-ms: a
-blocked event loop). The 50 ms health target gates only with --strict-timing.
+Exit code 0 only if: no INTERNAL or UNKNOWN, no HTTP 5xx, no connection resets, no
+hangs, every call got a code its category allows, greedy outputs equal at rest and
+under load, every category ran, the gauges settle to 0, nmt_requests_total agrees
+with the client, no ERROR line or traceback in the server log, the drain is clean,
+and no health check during large requests took 1 s (--stall-ms: a blocked event
+loop). The 50 ms health targets gate only with --strict-timing; the memory targets
+(growth after warm-up < 5%, peak <= 600 MB) only with --strict-memory.
 Exit code 2: the harness could not run (the server did not start).
 """
 from __future__ import annotations
@@ -42,17 +48,20 @@ import random
 import shlex
 import sys
 import tempfile
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Optional, Sequence
 
-from benchmarks.soak.checks import (allowed_table, client_counts, code_table, evaluate, golden_compare,
-                                    latency_stats, metrics_consistency, verdict)
-from benchmarks.soak.fuzz import INVALID
+from benchmarks.soak.checks import (allowed_table, case_table, client_counts, code_table, evaluate, golden_compare,
+                                    latency_stats, log_findings, metrics_consistency, verdict)
+from benchmarks.soak.extreme import ExtremeTraffic, greedy_equivalence
+from benchmarks.soak.http_traffic import MIX as HTTP_MIX, HttpTraffic, send
+from benchmarks.soak.phases import large_window, main_load, workers
+from benchmarks.soak.probes import HealthProbe, HttpHealthProbe
+from benchmarks.soak.record import Recorder
 from benchmarks.soak.report import timeline, write
 from benchmarks.soak.server import RssSampler, ServerProcess, drain, settle
-from benchmarks.soak.traffic import GOOD, MIX, HealthProbe, Recorder, Traffic
+from benchmarks.soak.traffic import Traffic
 from client.client import AsyncTranslatorClient
 from protos.nmt.v1 import translator_pb2 as pb
 
@@ -69,85 +78,6 @@ def flickr_sentences() -> list[str]:
         from models.data import multi30k_file
         return multi30k_file("test_2016_flickr.en", data_dir=SHARED).splitlines()
     return FIXTURE.read_text(encoding="utf-8").splitlines()
-
-
-async def workers(traffic: Traffic, concurrency: int, seconds: float, max_rpcs: int, seed: int) -> None:
-    """`concurrency` loops of random calls until `seconds` pass or `max_rpcs` calls have started."""
-    end = time.monotonic() + seconds
-
-    async def loop(i: int) -> None:
-        rng = random.Random(seed * 1_000_003 + i)
-        while time.monotonic() < end and traffic.rec.started < max_rpcs:
-            await traffic.random_call(rng)
-    await asyncio.gather(*(loop(i) for i in range(concurrency)))
-
-
-async def large_window(traffic: Traffic, probe: HealthProbe) -> tuple[list[float], dict]:
-    """Large requests at once, nothing else, and a health check every 10 ms while they run."""
-    traffic.rec.enter("large")
-    longest = sorted(traffic.sentences, key=len)[-traffic.max_texts:]
-    c, stub, t = traffic.client, traffic.stub, traffic.timeout
-    # One valid large request at a time (together they would overflow a small queue), the hostile
-    # ones beside the first: each must be tokenised or refused without holding up the event loop.
-    heavy = [
-        (f"{len(longest)} longest texts, beam {min(5, traffic.max_beam)}", "Translate", GOOD,
-         lambda: c.translate(longest, beam_size=min(5, traffic.max_beam), timeout=t)),
-        (f"{len(longest)} longest texts, greedy", "Translate", GOOD, lambda: c.translate(longest, timeout=t)),
-        (f"embed {len(longest)} longest texts", "Embed", GOOD, lambda: c.embed(longest, timeout=t)),
-    ]
-    hostile = [
-        ("1000 texts", "Translate", INVALID,
-         lambda: stub.Translate(pb.TranslateRequest(texts=longest[:1] * 1000), timeout=t)),
-        ("a 100,000-character text", "Translate", INVALID,
-         lambda: stub.Translate(pb.TranslateRequest(texts=["word " * 20_000]), timeout=t)),
-        # 3.8 MB, just under a 4 MiB receive limit: refused on length, at best before it is tokenised
-        # at all. A server that tokenises it on its event loop stops answering for seconds.
-        ("38 texts of 100,000 characters", "Translate", INVALID,
-         lambda: stub.Translate(pb.TranslateRequest(texts=["word " * 20_000] * 38), timeout=t)),
-    ]
-    stop = asyncio.Event()
-    probing = asyncio.ensure_future(probe.run("health_large", 0.01, stop))
-    await asyncio.sleep(0.05)  # a few checks at rest first, as a baseline
-
-    async def one(name, rpc, allowed, fn):
-        async def call():
-            await fn()
-        return name, await traffic.rec.call("large_request", rpc, t, call, allowed=allowed, detail=name)
-
-    async def in_turn():
-        return [await one(*job) for job in heavy]
-    first, *rest = await asyncio.gather(in_turn(), *(one(*job) for job in hostile))
-    done = first + rest
-    stop.set()
-    return await probing, {name: r.code for name, r in done}
-
-
-async def main_load(args, traffic: Traffic, probe: HealthProbe, golden: list[str]) -> tuple[list, list[float]]:
-    """The mixed load; at 40% of it, bursts past the queue limit while the golden sentences run again."""
-    rec = traffic.rec
-    rec.enter("load")
-    seconds = args.duration * 0.9
-    stop_probe = asyncio.Event()
-    probing = asyncio.ensure_future(probe.run("health_probe", 0.1, stop_probe))
-    load = asyncio.ensure_future(workers(traffic, args.concurrency, seconds, args.max_rpcs, args.seed))
-    await asyncio.wait([load], timeout=0.4 * seconds)
-    rec.enter("heavy")
-    golden_done = asyncio.Event()
-
-    async def bursts():
-        for wave in range(5):  # until the golden pass is done: the slots stay full while it runs
-            await traffic.burst(args.burst_calls, args.seed + wave)
-            if golden_done.is_set():
-                return
-    bursting = asyncio.ensure_future(bursts())
-    await asyncio.sleep(0.3)  # the first wave has filled the slots and the queue
-    under_load = await traffic.golden("golden_load", golden, retry_for=60.0)
-    golden_done.set()
-    await bursting
-    rec.enter("load")
-    await load
-    stop_probe.set()
-    return under_load, await probing
 
 
 async def progress(rec: Recorder, rss: Optional[RssSampler], stop: asyncio.Event, every: float = 5.0) -> None:
@@ -170,7 +100,7 @@ async def run(args, argv: list[str]) -> dict:
              *shlex.split(args.server_args)]
     server = None
     if args.target is None:
-        server = ServerProcess(flags, Path(tempfile.mkstemp(prefix="soak-server-", suffix=".log")[1]))
+        server = ServerProcess(flags, Path(tempfile.mkstemp(prefix="soak-server-", suffix=".log")[1]), http=True)
         print(f"starting python -m server {' '.join(flags)} on {server.target} (log {server.log_path})", flush=True)
     try:
         return await soak(args, argv, server, flags if server else [])
@@ -182,6 +112,7 @@ async def run(args, argv: list[str]) -> dict:
 async def soak(args, argv: list[str], server: Optional[ServerProcess], flags: list[str]) -> dict:
     target = args.target or server.target
     metrics_url = args.metrics_url or (server.metrics_url if server else None)
+    http_url = args.http_url or (server.http_url if server else None)
     if server:
         await server.wait_serving()
     rec = Recorder()
@@ -197,6 +128,15 @@ async def soak(args, argv: list[str], server: Optional[ServerProcess], flags: li
     sentences = flickr_sentences()[:200]
     golden = sentences[:args.golden]
     traffic = Traffic(target, rec, sentences, models, args.call_timeout, args.seed)
+    info = next(m for m in models.models if m.is_default)
+    extreme = ExtremeTraffic(traffic, info, golden)
+    traffic.extend({"extreme": 6}, extreme.runners)
+    http, http_probe = None, None
+    if http_url:
+        http = HttpTraffic(http_url, rec, sentences, info.source_language or "en", info.target_language or "de",
+                           traffic.max_texts, traffic.max_beam, args.call_timeout, extreme.cases)
+        traffic.extend(HTTP_MIX, http.runners)
+        http_probe = HttpHealthProbe(http_url, rec, send)
     probe = HealthProbe(target, rec)
     stop = asyncio.Event()
     rss = RssSampler(server, rec) if server else None
@@ -206,15 +146,21 @@ async def soak(args, argv: list[str], server: Optional[ServerProcess], flags: li
         rss.sample("start")
     at_rest = await traffic.golden("golden_rest", golden)
     rec.enter("warmup")
-    for category in MIX:  # every category at least once, whatever the random mix draws later
+    for category in traffic.mix:  # every category at least once, whatever the random mix draws later
         await traffic.runners[category](random.Random(args.seed))
     await traffic.every_fuzz_case()
+    await extreme.every_case()
+    if http:
+        await http.every_hostile_case()
     await workers(traffic, max(2, args.concurrency // 4), args.duration * 0.1, args.max_rpcs, args.seed + 7)
     if rss:
         rss.sample("after_warmup")
     health_large, large = await large_window(traffic, probe)
-    under_load, health_load = await main_load(args, traffic, probe, golden)
+    under_load, health_load, http_health_load = await main_load(args, traffic, probe, http_probe, extreme, golden)
     rec.enter("settle")
+    if http:
+        await http.close()
+        await http_probe.close()
     metrics = None
     if metrics_url:
         metrics = await settle(metrics_url)
@@ -236,16 +182,23 @@ async def soak(args, argv: list[str], server: Optional[ServerProcess], flags: li
                    "concurrency": args.concurrency, "seed": args.seed, "max_rpcs": args.max_rpcs,
                    "call_timeout": args.call_timeout, "burst_calls": args.burst_calls,
                    "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"},
-        "codes": code_table(records), "allowed": allowed_table(records),
+        "codes": code_table(records), "allowed": allowed_table(records), "cases": case_table(records),
         "golden": golden_compare(golden, at_rest, under_load),
         "health": {"under_load": latency_stats(health_load, args.health_slo_ms),
-                   "large": latency_stats(health_large, args.health_slo_ms)},
+                   "large": latency_stats(health_large, args.health_slo_ms),
+                   "http_under_load": latency_stats(http_health_load, args.health_slo_ms)},
+        "http": {"url": http_url, "hostile_cases": len(http.hostile) if http else 0},
+        "extreme": {"cases": len(extreme.cases), "greedy_equivalence": greedy_equivalence(
+            extreme.greedy_outputs, dict(zip(golden, at_rest))), "beside_golden": {
+            "calls": sum(r.category == "extreme" and r.phase == "heavy" for r in records),
+            "served": sum(r.category == "extreme" and r.phase == "heavy" and r.code == "OK" for r in records)}},
         "large_requests": large, "metrics": metrics, "drain": drained, "rss": rss.summary() if rss else None,
         "timeline": timeline(records, rec.elapsed()), "phases": rec.phases, "wall_seconds": rec.elapsed(),
         "server_log": str(server.log_path) if server else None, "server_tracebacks": log.count("Traceback"),
+        "server_log_findings": log_findings(log),
         "_records": records,
     }
-    checks = evaluate(summary, args.strict_timing, args.health_slo_ms, args.stall_ms, args.max_rss_growth)
+    checks = evaluate(summary, args)
     summary["checks"] = [c.as_dict() for c in checks]
     summary["passed"] = verdict(checks)
     return summary
@@ -275,6 +228,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--target", type=loopback, help="soak a running server at 127.0.0.1:PORT instead of starting "
                    "one (no RSS, no drain)")
     p.add_argument("--metrics-url", type=loopback, help="with --target: its /metrics URL (else no metric checks)")
+    p.add_argument("--http-url", type=loopback, help="with --target: its HTTP base URL, http://127.0.0.1:PORT "
+                   "(else no HTTP traffic)")
     p.add_argument("--max-queue-size", type=int, default=64,
                    help="the started server's queue limit, small so bursts overflow it (default: %(default)s)")
     p.add_argument("--grace-period", type=float, default=10.0,
@@ -292,7 +247,12 @@ def parser() -> argparse.ArgumentParser:
                    help="a health check slower than this during large requests is a blocked event loop; "
                    "gates the exit code (default: %(default)s)")
     p.add_argument("--strict-timing", action="store_true", help="let the --health-slo-ms check gate the exit code")
-    p.add_argument("--max-rss-growth", type=float, help="fail when RSS grows more than this %% after warm-up")
+    p.add_argument("--max-rss-growth", type=float, help="RSS growth target after warm-up in %%; given, it gates "
+                   "the exit code (default: 5, gating only with --strict-memory)")
+    p.add_argument("--max-rss-mb", type=float, default=600.0, help="peak RSS target in MB (default: %(default)s, "
+                   "gating only with --strict-memory)")
+    p.add_argument("--strict-memory", action="store_true", help="let the RSS targets gate the exit code (RSS on a "
+                   "short run mostly measures the step from the warm-up's concurrency to full load)")
     return p
 
 

@@ -5,7 +5,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from benchmarks.soak.traffic import Record
+from benchmarks.soak.record import Record
 
 
 def timeline(records: list[Record], seconds: float) -> dict:
@@ -53,6 +53,49 @@ def _codes(codes: dict) -> str:
     return ", ".join(f"{c} {n}" for c, n in sorted(codes.items(), key=lambda kv: -kv[1]))
 
 
+def _cell(text: str, n: int = 120) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")[:n]
+
+
+def per_case(records: list[Record], category: str, title: str, intro: str) -> list[str]:
+    """One row per case of a per-case category (http_hostile, extreme): its codes, what it allows, and the
+    first unexpected answer's note."""
+    cases: dict[str, list[Record]] = {}
+    for r in records:
+        if r.category == category:
+            cases.setdefault(r.detail, []).append(r)
+    if not cases:
+        return []
+    lines = [f"## {title}", "", intro, "", "| case | calls | codes | allowed | first unexpected answer |",
+             "|---|---|---|---|---|"]
+    for name, rs in sorted(cases.items(), key=lambda kv: (not any(r.unexpected for r in kv[1]), kv[0])):
+        bad = next((r for r in rs if r.unexpected), None)
+        codes = Counter(r.code for r in rs)
+        lines.append(f"| {_cell(name)} | {len(rs)} | {_codes(codes)} | {', '.join(sorted(rs[0].allowed))} | "
+                     f"{'**' + bad.code + '**: ' + _cell(bad.note) if bad else ''} |")
+    return lines + [""]
+
+
+def http_section(s: dict, records: list[Record]) -> list[str]:
+    http = [r for r in records if r.rpc.startswith("HTTP ")]
+    if not http:
+        return []
+    five = sum(r.code.startswith("HTTP 5") for r in http)
+    resets = sum(r.code == "RESET" for r in http)
+    lines = ["## HTTP outcomes", "", f"{len(http)} HTTP calls to {s['http']['url']}: **{five}** answered 5xx, "
+             f"**{resets}** connection resets (a connection that failed without the server saying "
+             "`Connection: close`).", "", "| category | endpoint | outcomes |", "|---|---|---|"]
+    rows: dict[tuple, Counter] = {}
+    for r in http:
+        rows.setdefault((r.category, r.rpc[5:]), Counter())[r.code] += 1
+    lines += [f"| {cat} | `{ep}` | {_codes(c)} |" for (cat, ep), c in sorted(rows.items())]
+    server = (s["metrics"] or {}).get("http_counts")
+    if server:
+        lines += ["", "Server side (nmt_http_requests_total, requests that reached an endpoint): "
+                  + "; ".join(f"{op}: {_codes(st)}" for op, st in sorted(server.items())) + "."]
+    return lines + [""]
+
+
 def render(s: dict, png_name: str) -> str:
     cfg, records = s["config"], s["_records"]
     lines = ["# Soak and fuzz run", "",
@@ -91,19 +134,35 @@ def render(s: dict, png_name: str) -> str:
                 lines.append(f"| {r.category} | {detail} | {r.code} | {', '.join(sorted(r.allowed))} | "
                              f"{r.t:.1f} | {note} |")
         lines.append("")
+    lines += http_section(s, records)
+    lines += per_case(records, "http_hostile", "Hostile HTTP cases (benchmarks/soak/http_hostile.py)",
+                      "Each on a raw connection; after a 4xx without `Connection: close` the same connection must "
+                      "serve GET /healthz (else RESET).")
+    lines += per_case(records, "extreme", "Extreme but valid settings (benchmarks/soak/extreme.py)",
+                      "gRPC calls with every decoding option at an edge admission accepts: OK (or "
+                      "RESOURCE_EXHAUSTED for a full queue), never INTERNAL.")
     g = s["golden"]
     lines += ["## Greedy outputs at rest vs under load", "",
               f"{g['sentences']} test sentences, one per call, greedy: {g['compared']} compared, "
               f"{len(g['mismatches'])} differ, {len(g['missing'])} without an answer.", ""]
     for mm in g["mismatches"][:10]:
         lines += [f"- `{mm['source']}`: at rest `{mm['at_rest']}`, under load `{mm['under_load']}`"]
+    eq = s["extreme"]["greedy_equivalence"]
+    lines += ["", f"Extreme settings that are greedy in disguise (temperature 5e-324 = 0 in float32, top_k 1, "
+              f"top_p 1e-9) against greedy at rest: {eq['compared']} compared, {eq['n_differ']} differ.", ""]
+    for d in eq["differ"][:5]:
+        lines += [f"- {d['case']}: `{d['source']}`: `{d['output']}` vs greedy `{d['greedy_at_rest']}`"]
     rss = s["rss"]
     if rss:
         growth = rss["growth_pct_after_warmup"]
+        target = next((c for c in s["checks"] if c["name"].startswith("RSS growth")), None)
         lines += ["", "## Server memory (VmRSS)", "", "| start | after warm-up | peak | end | growth after warm-up |",
                   "|---|---|---|---|---|",
                   f"| {rss['start_mb']:.0f} MB | {rss['after_warmup_mb']:.0f} MB | {rss['peak_mb']:.0f} MB | "
                   f"{rss['end_mb']:.0f} MB | {'' if growth is None else f'{growth:+.1f}%'} |"]
+        if target:
+            lines += ["", f"Target: {target['name']}: **{'pass' if target['ok'] else 'FAIL'}** "
+                      f"({'gates the exit code' if target['gating'] else 'reported; gates with --strict-memory'})."]
     m = s["metrics"]
     if m:
         lines += ["", "## Metrics after the load settled", "",
@@ -115,8 +174,9 @@ def render(s: dict, png_name: str) -> str:
     h = s["health"]
     lines += ["", "## Health-check latency", "", "| when | checks | p50 (ms) | p99 (ms) | max (ms) |", "|---|---|---|---|---|"]
     for when, key in (("during the mixed load (a check every 100 ms)", "under_load"),
+                      ("during the mixed load, HTTP GET /healthz (every 100 ms)", "http_under_load"),
                       ("during large requests only (a check every 10 ms)", "large")):
-        st = h[key]
+        st = h.get(key, {})
         lines.append(f"| {when} | {st.get('n', 0)} | {st.get('p50_ms', '')} | {st.get('p99_ms', '')} | "
                      f"{st.get('max_ms', '')} |")
     lines += ["", f"Large requests in that window: {s['large_requests']}.", ""]
@@ -126,7 +186,11 @@ def render(s: dict, png_name: str) -> str:
                   f"SIGTERM: {d['health_after_sigterm']}; codes: {d['codes']}; exit code {d['exit_code']} "
                   f"{d['exit_seconds_after_sigterm']} s after SIGTERM (grace {d['grace_period_s']} s).", ""]
     if s.get("server_log"):
-        lines += [f"Server log: `{s['server_log']}` ({s['server_tracebacks']} tracebacks).", ""]
+        found = s.get("server_log_findings") or {}
+        lines += [f"Server log: `{s['server_log']}` ({s['server_tracebacks']} tracebacks, "
+                  f"{found.get('errors', 0)} ERROR lines).", ""]
+        lines += [f"- {n} x `{_cell(m, 160)}`" for m, n in (found.get("messages") or {}).items()]
+        lines += [""] if found.get("messages") else []
     lines += [f"![RSS and RPC rate]({png_name})", ""]
     return "\n".join(lines) + "\n"
 

@@ -15,7 +15,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from benchmarks import harness
-from benchmarks.soak.traffic import BadResponse, Recorder, Traffic
+from benchmarks.soak.record import BadResponse, Recorder
+from benchmarks.soak.traffic import Traffic
 from protos.nmt.v1 import translator_pb2 as pb
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,8 +27,8 @@ class ServerProcess(harness.ServerProcess):
     """The harness's server process (benchmarks/harness.py) with what the soak reads besides: its
     resident memory, and an awaitable wait for SERVING (the soak runs on an event loop)."""
 
-    def __init__(self, flags: list[str], log_path: Path):
-        super().__init__(*flags, log_path=log_path)
+    def __init__(self, flags: list[str], log_path: Path, http: bool = False):
+        super().__init__(*flags, log_path=log_path, http_port=0 if http else -1)
         self.launch()
 
     async def wait_serving(self, timeout: float = 180.0) -> None:
@@ -97,6 +98,16 @@ def request_counts(samples: list[tuple[str, dict, float]]) -> dict[str, dict[str
     return out
 
 
+def http_counts(samples: list[tuple[str, dict, float]]) -> dict[str, dict[str, int]]:
+    """nmt_http_requests_total as {"api operation": {status: n}} (requests that reached an endpoint)."""
+    out: dict[str, dict[str, int]] = {}
+    for name, labels, value in samples:
+        if name == "nmt_http_requests_total" and value:
+            key = f"{labels.get('api', '?')} {labels.get('operation', '?')}"
+            out.setdefault(key, {})[labels.get("status", "?")] = int(value)
+    return out
+
+
 async def settle(url: str, timeout: float = 15.0) -> dict:
     """Poll until the running / waiting / KV gauges read 0 (or the timeout); the last scrape's counts."""
     t0 = time.monotonic()
@@ -106,7 +117,7 @@ async def settle(url: str, timeout: float = 15.0) -> dict:
         settled = all(v == 0 for v in now.values())
         if settled or time.monotonic() - t0 >= timeout:
             return {"settled": settled, "gauges": now, "settle_seconds": round(time.monotonic() - t0, 2),
-                    "server_counts": request_counts(samples)}
+                    "server_counts": request_counts(samples), "http_counts": http_counts(samples)}
         await asyncio.sleep(0.1)
 
 

@@ -1,130 +1,26 @@
-"""The soak harness's traffic: one call of each category, what it may get back, and how it is recorded.
-
-Every call goes through `Recorder.call`, which gives it a client deadline, waits
-at most that deadline + HANG_GRACE seconds (longer counts as a hang, and the
-call is cancelled, so nothing can stall the harness), and records category,
-status code, latency and phase. Answers that are OK are also checked for shape
-(one translation per text, a final stream message, ...): a malformed answer is
-recorded as BAD_RESPONSE, which no category allows.
+"""The soak harness's traffic: one call of each category (what each may get back, and how calls are
+recorded: record.py).
 """
 from __future__ import annotations
 
 import asyncio
 import random
 import time
-from dataclasses import dataclass
 from typing import Awaitable, Callable, Optional
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from benchmarks.soak.fuzz import RAW_METHOD, FuzzCase, option_cases, raw_cases
+from benchmarks.soak.record import BadResponse, Record, Recorder
 from client.client import AsyncTranslatorClient
 from protos.nmt.v1 import translator_pb2 as pb
 from protos.nmt.v1 import translator_pb2_grpc as pb_grpc
 
-HANG_GRACE = 10.0  # seconds past its deadline before a call counts as hung
-GOOD = frozenset({"OK", "RESOURCE_EXHAUSTED"})  # a legal call may always meet a full queue
-EXPECTED: dict[str, frozenset] = {
-    "translate_one": GOOD, "translate_many": GOOD, "stream": GOOD, "embed": GOOD,
-    "list_models": frozenset({"OK"}), "health": frozenset({"OK"}),
-    "slow_reader": GOOD, "burst": GOOD,
-    # The client gives up or cancels; the call may still have finished first.
-    "stream_cancel": GOOD | {"CANCELLED"}, "channel_close": GOOD | {"CANCELLED"},
-    "deadline_short": GOOD | {"DEADLINE_EXCEEDED"},
-    "fuzz_raw": frozenset({"INVALID_ARGUMENT"}),
-    "fuzz_options": frozenset(),  # per case: FuzzCase.expect
-    "large_request": frozenset(),  # per request (benchmarks/soak/__main__.py)
-    "golden_rest": frozenset({"OK"}), "golden_load": GOOD,  # refused attempts under load are retried
-    "health_probe": frozenset({"OK"}), "health_large": frozenset({"OK"}),
-    # Streams that have sent a message before SIGTERM must finish whole (the drain's promise); unary
-    # calls sent just before it finish or are refused; calls after NOT_SERVING are refused: UNAVAILABLE,
-    # or CANCELLED for one grpc core had not yet handed to a handler when the drain ended and the server
-    # closed (docs/deployment.md; on two loaded cores that took two of five in ~1 of 10 runs). Both are
-    # retried by the client library; tests/system/test_lifecycle.py checks the UNAVAILABLE refusal alone.
-    "drain_stream": frozenset({"OK"}), "drain_inflight": frozenset({"OK", "UNAVAILABLE"}),
-    "drain_new": frozenset({"UNAVAILABLE", "CANCELLED"}),
-}
 # The random mix. Streams (stream, slow_reader, channel_close, stream_cancel) are 34 parts, 7 of them
 # cancelled (~20%); deadline_short is ~10% of all calls.
 MIX = {"translate_one": 20, "translate_many": 6, "stream": 20, "slow_reader": 4, "channel_close": 3,
        "stream_cancel": 7, "embed": 6, "list_models": 3, "health": 3, "fuzz_raw": 6, "fuzz_options": 8,
        "deadline_short": 10}
-ALWAYS_FAIL = frozenset({"INTERNAL", "UNKNOWN"})
-
-
-class BadResponse(Exception):
-    """An OK answer of the wrong shape."""
-
-
-@dataclass
-class Record:
-    category: str
-    rpc: str
-    code: str  # a grpc.StatusCode name, HANG, BAD_RESPONSE or CLIENT_ERROR
-    t: float  # start, seconds since the run began
-    latency: float
-    phase: str
-    allowed: frozenset
-    detail: str = ""  # decoding mode, fuzz case or large-request name
-    note: str = ""  # status details, for the report
-
-    @property
-    def unexpected(self) -> bool:
-        return self.code not in self.allowed or self.code in ALWAYS_FAIL
-
-    def as_dict(self) -> dict:
-        return {"category": self.category, "rpc": self.rpc, "code": self.code, "t": round(self.t, 3),
-                "latency_ms": round(1e3 * self.latency, 2), "phase": self.phase, "detail": self.detail,
-                "allowed": sorted(self.allowed), "note": self.note}
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.t0 = time.monotonic()
-        self.records: list[Record] = []
-        self.phase = "start"
-        self.phases: list[dict] = []  # {name, start, end} in seconds since t0, for the report's plot
-        self.started = 0
-        self.in_flight = 0
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.t0
-
-    def enter(self, phase: str) -> None:
-        now = round(self.elapsed(), 2)
-        if self.phases:
-            self.phases[-1]["end"] = now
-        self.phases.append({"name": phase, "start": now, "end": now})
-        self.phase = phase
-
-    async def call(self, category: str, rpc: str, timeout: float, fn: Callable[[], Awaitable[Optional[str]]],
-                   allowed: Optional[frozenset] = None, detail: str = "") -> Record:
-        """Run fn (it returns None for OK, or a status code name it observed) and record the outcome."""
-        self.started += 1
-        self.in_flight += 1
-        phase, t0 = self.phase, time.monotonic()
-        note = ""
-        try:
-            code = await asyncio.wait_for(fn(), timeout + HANG_GRACE) or "OK"
-        except TimeoutError:
-            code, note = "HANG", f"no answer {timeout + HANG_GRACE:.1f} s after the start (deadline {timeout:.3f} s)"
-        except grpc.aio.AioRpcError as e:
-            code, note = e.code().name, (e.details() or "")[:300]
-        except BadResponse as e:
-            code, note = "BAD_RESPONSE", str(e)[:300]
-        except asyncio.CancelledError:
-            if asyncio.current_task().cancelling():
-                raise  # the harness itself is stopping this task
-            code, note = "CANCELLED", "the call raised asyncio.CancelledError"  # e.g. its channel closed
-        except Exception as e:  # noqa: BLE001 (a client-side failure is a finding, not a crash)
-            code, note = "CLIENT_ERROR", f"{type(e).__name__}: {e}"[:300]
-        finally:
-            self.in_flight -= 1
-        rec = Record(category, rpc, code, t0 - self.t0, time.monotonic() - t0, phase,
-                     EXPECTED[category] if allowed is None else allowed, detail, note)
-        self.records.append(rec)
-        return rec
 
 
 def decoding(rng: random.Random, max_beam: int) -> tuple[str, dict]:
@@ -178,13 +74,19 @@ class Traffic:
         fuzz_rng = random.Random(seed)
         self.raw_cases = raw_cases(fuzz_rng, sentences)
         self.option_cases = option_cases(self.max_texts, self.max_beam)
+        self.mix = dict(MIX)
         self.runners = {name: getattr(self, name) for name in MIX}
+
+    def extend(self, mix: dict[str, int], runners: dict[str, Callable[[random.Random], Awaitable[Record]]]) -> None:
+        """More categories in the random mix (HTTP, extreme settings): weights and one runner each."""
+        self.mix.update(mix)
+        self.runners.update(runners)
 
     async def close(self) -> None:
         await self.client.close()
 
     async def random_call(self, rng: random.Random) -> Record:
-        category = rng.choices(list(MIX), weights=list(MIX.values()))[0]
+        category = rng.choices(list(self.mix), weights=list(self.mix.values()))[0]
         return await self.runners[category](rng)
 
     # -- legal traffic -------------------------------------------------------------------------------
@@ -344,32 +246,3 @@ class Traffic:
             out.append(got[0] if got else None)
         return out
 
-
-class HealthProbe:
-    """Health checks on a channel of their own, started every `period` s whether or not the last one
-    answered, so a stalled server shows as many slow answers rather than one."""
-
-    def __init__(self, target: str, recorder: Recorder):
-        self.channel = grpc.aio.insecure_channel(target)
-        self.stub = health_pb2_grpc.HealthStub(self.channel)
-        self.rec = recorder
-
-    async def check(self, category: str) -> Record:
-        async def fn():
-            resp = await self.stub.Check(health_pb2.HealthCheckRequest(), timeout=5.0)
-            if resp.status != health_pb2.HealthCheckResponse.SERVING:
-                raise BadResponse(f"health status {resp.status}")
-        return await self.rec.call(category, "Check", 5.0, fn)
-
-    async def run(self, category: str, period: float, stop: asyncio.Event) -> list[float]:
-        tasks = []
-        while not stop.is_set():
-            tasks.append(asyncio.ensure_future(self.check(category)))
-            try:
-                await asyncio.wait_for(stop.wait(), period)
-            except TimeoutError:
-                pass
-        return [r.latency for r in await asyncio.gather(*tasks) if r.code == "OK"]
-
-    async def close(self) -> None:
-        await self.channel.close()

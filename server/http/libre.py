@@ -23,7 +23,6 @@ from server.http.edge import Edge, http_status, retry_headers, language_name
 from server.http.translate import Ask, detect, translate
 
 API = "libretranslate"
-MAX_ALTERNATIVES = 8
 
 
 def error(status: int, message: str, headers=None) -> JSONResponse:
@@ -87,7 +86,9 @@ class LibreTranslateApi:
         kind = (params.text("format") or "text").lower()
         if kind not in ("text", "html"):
             raise BadParam(f"Invalid request: format must be text or html (got {kind!r})")
-        alternatives = params.number("alternatives", 0, 0, MAX_ALTERNATIVES)
+        # The translation and its alternatives are one request's hypotheses: at most --max-hypotheses together.
+        most = min(m.cfg.max_hypotheses for m in self.edge.admission.models.values()) - 1
+        alternatives = params.number("alternatives", 0, 0, most)
         source = "" if source.lower() == "auto" else source.lower()
         return Ask(texts=texts, source=source, target=target.lower(), html=kind == "html",
                    alternatives=alternatives), many

@@ -61,6 +61,8 @@ HOSTILE = [  # (path, body, the API's error shape)
     ("/translate", '{"q": "A dog.", "source": "en", "target": "de", "alternatives": 2.5}', "error"),
     ("/v2/translate", '{"target_lang": "DE", "text": ["A dog."], "x": -1e999}', "message"),
     ("/v1/translate", '{"texts": ["A dog."], "options": {"temperature": 1e999}}', "error"),
+    ("/v2/translate", '{"target_lang": "DE", "text": ["A \\ud800 dog."]}', "message"),  # half a surrogate pair
+    ("/translate", '{"q": "A \\udfff dog.", "source": "en", "target": "de"}', "error"),
 ]
 
 
@@ -145,3 +147,14 @@ def test_dropped_sse_streams_log_no_error(srv, caplog):
     gc.collect()  # a task left pending is reported when it is collected
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert not errors, errors
+
+
+def test_libretranslate_alternatives_up_to_the_servers_limit(srv):
+    """The translation and its alternatives are the request's hypotheses (--max-hypotheses 8): 7 is the most,
+    and 8 is the caller's 400, not admission's refusal of 9 hypotheses (found by the soak)."""
+    with httpx.Client(base_url=srv.http, timeout=60) as client:
+        body = {"q": "A dog runs in the park.", "source": "en", "target": "de"}
+        ok = client.post("/translate", json={**body, "alternatives": 7})
+        assert ok.status_code == 200 and len(ok.json()["alternatives"]) == 7
+        refused = client.post("/translate", json={**body, "alternatives": 8})
+        assert refused.status_code == 400 and "[0, 7]" in refused.json()["error"]

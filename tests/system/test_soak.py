@@ -1,8 +1,11 @@
 """The soak-and-fuzz harness (benchmarks/soak/) end to end: 40 s of mixed, hostile load against a real
-`python -m server` subprocess, then a SIGTERM drain; its verdict and the counts behind it.
+`python -m server` subprocess (gRPC and its HTTP port: the native, DeepL and LibreTranslate APIs, SSE
+streams read and dropped, hostile HTTP, extreme but valid decoding settings), then a SIGTERM drain; its
+verdict and the counts behind it.
 
 Nothing here depends on timing luck: how many calls meet a full queue, a deadline or a cancellation
 varies from run to run, so the tests assert the set of codes each category may get, never a count.
+Every hostile HTTP case and every extreme setting runs at least once in the warm-up, one at a time.
 The harness's 50 ms health target does not gate its exit code by default; its stall check does, at
 twenty times that (1 s while only a few large requests run): a blocked event loop, not a hiccup.
 """
@@ -13,14 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.soak.traffic import EXPECTED
+from benchmarks.soak.record import EXPECTED, HTTP_EXPECTED
 
 ROOT = Path(__file__).resolve().parents[2]
-NEVER = {"INTERNAL", "UNKNOWN", "HANG", "BAD_RESPONSE", "CLIENT_ERROR"}
+NEVER = {"INTERNAL", "UNKNOWN", "HANG", "BAD_RESPONSE", "CLIENT_ERROR", "RESET", "CONNECT_ERROR",
+         "SSE INTERNAL", "SSE UNKNOWN"}
 # The test's own statement of the contract for the categories where only one answer is right.
 EXACT = {"fuzz_raw": {"INVALID_ARGUMENT"}, "golden_rest": {"OK"}, "list_models": {"OK"}, "health": {"OK"},
          "health_probe": {"OK"}, "health_large": {"OK"}, "drain_new": {"UNAVAILABLE"},
-         "drain_stream": {"OK"}, "drain_inflight": {"OK", "UNAVAILABLE"}}
+         "drain_stream": {"OK"}, "drain_inflight": {"OK", "UNAVAILABLE"}, "extreme": {"OK", "RESOURCE_EXHAUSTED"},
+         "http_health": {"HTTP 200"}, "http_health_probe": {"HTTP 200"}, "http_languages": {"HTTP 200"}}
+HOSTILE_KINDS = {"nested", "number", "header", "utf8", "ctype", "truncated", "framing"}
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +50,7 @@ def unexpected(summary: dict, category: str) -> list:
 
 def test_every_category_is_exercised(soak):
     _, s, _ = soak
+    assert set(HTTP_EXPECTED) <= set(EXPECTED) and "extreme" in EXPECTED
     assert set(EXPECTED) <= set(s["codes"]), sorted(set(EXPECTED) - set(s["codes"]))
     assert all(sum(codes.values()) > 0 for codes in s["codes"].values())
 
@@ -80,6 +87,53 @@ def test_greedy_outputs_equal_at_rest_and_under_load(soak):
     g = s["golden"]
     assert g["compared"] == g["sentences"] == 30, g["missing"]
     assert not g["mismatches"], g["mismatches"][:3]
+    # The extreme settings were sent while the golden sentences ran under load (how many got in varies).
+    assert s["extreme"]["beside_golden"]["calls"] > 0
+
+
+def test_http_answers_no_5xx_and_keeps_its_connections(soak):
+    _, s, _ = soak
+    assert s["http"]["url"], "the soak ran without the HTTP port"
+    seen = {f"{cat}:{code}" for cat, codes in s["codes"].items() for code in codes
+            if code.startswith("HTTP 5") or code in NEVER}
+    assert not seen, seen
+    assert check(s, "no HTTP 5xx")["ok"], check(s, "no HTTP 5xx")["detail"]
+    assert check(s, "no connection resets")["ok"], check(s, "no connection resets")["detail"]
+    for category in ("http_native", "http_sse", "http_sse_drop", "http_deepl", "http_libre"):
+        assert set(s["codes"][category]) <= {"HTTP 200", "HTTP 429"}, (category, unexpected(s, category))
+        assert "HTTP 200" in s["codes"][category], (category, s["codes"][category])
+
+
+def test_every_hostile_http_case_gets_a_4xx(soak):
+    _, s, _ = soak
+    cases = s["cases"]["http_hostile"]
+    assert len(cases) == s["http"]["hostile_cases"] > 0  # each ran (the warm-up sends every one)
+    assert {name.split("/")[0] for name in cases} == HOSTILE_KINDS
+    wrong = {name: c["codes"] for name, c in cases.items() if not set(c["codes"]) <= set(c["allowed"])}
+    assert not wrong, wrong
+    for name, c in cases.items():
+        assert all(code == "CLOSED" or code.startswith("HTTP 4") or (code == "HTTP 200" and code in c["allowed"])
+                   for code in c["codes"]), (name, c)
+
+
+def test_extreme_but_valid_settings_are_served(soak):
+    _, s, _ = soak
+    cases = s["cases"]["extreme"]
+    assert len(cases) == s["extreme"]["cases"] > 0
+    # In the warm-up each runs alone (refusals for a full queue retried), so each is served at least once.
+    failed = {name: c["codes"] for name, c in cases.items()
+              if not set(c["codes"]) <= {"OK", "RESOURCE_EXHAUSTED"} or "OK" not in c["codes"]}
+    assert not failed, failed
+
+
+def test_new_checks_are_evaluated(soak):
+    _, s, _ = soak
+    for name in ("no HTTP 5xx", "no connection resets", "server log: no ERROR line", "health p99",
+                 "RSS growth after warm-up"):
+        assert check(s, name)["ok"] is not None, check(s, name)
+    assert not check(s, "RSS growth after warm-up")["gating"]  # only with --strict-memory
+    assert check(s, "server log: no ERROR line")["ok"], check(s, "server log: no ERROR line")["detail"]
+    assert s["health"]["http_under_load"]["n"] > 0
 
 
 def test_gauges_settle_and_request_counts_agree_with_the_client(soak):

@@ -112,6 +112,8 @@ def _anchor(marks: list[Mark], bounds: list[int], source: list[str], target: lis
         if not starts:
             continue
         a = starts.pop()
+        if marks[a].words_before == 0 and mark.words_before >= len(source):
+            continue  # it wraps the whole sentence: so it wraps the whole translation, where it already stands
         inner = [_bare(w) for w in source[marks[a].words_before:mark.words_before] if len(_bare(w)) >= 3]
         best, at = 0.0, -1
         for j, word in enumerate(bare_target):
@@ -124,7 +126,9 @@ def _anchor(marks: list[Mark], bounds: list[int], source: list[str], target: lis
         if best < 0.6:
             continue
         span = min(mark.words_before - marks[a].words_before, len(target) - at)
-        moved = bounds[:a] + [at] * (i - a) + [at + span] + bounds[i + 1:]
+        # The marks inside the element (a nested element's tags) move with it, at their offsets within it.
+        inner = [min(max(b - bounds[a] + at, at), at + span) for b in bounds[a + 1:i]]
+        moved = bounds[:a] + [at] + inner + [at + span] + bounds[i + 1:]
         if all(x <= y for x, y in zip(moved, moved[1:])):
             bounds[:] = moved
 
@@ -142,7 +146,10 @@ def restore(translation: str, marks: list[Mark], source: list[str]) -> str:
         prefix = ""  # marks glued to the word at this boundary, in source order
         for mark in slots.get(b, []):
             if prefix and b < n:  # after a mark glued to the next word, the rest follow it (order kept)
-                prefix += mark.text if mark.glue_next or mark.glue_prev else " " + mark.text + " "
+                if mark.glue_next or mark.glue_prev:  # the space after the last of a glued run stays
+                    prefix += mark.text if mark.glue_next else mark.text + " "
+                else:
+                    prefix += " " + mark.text + " "
             elif mark.before_punct and not mark.glue_prev and out and _TRAILING_PUNCT.search(out[-1]):
                 # "Hello {name}, ..." / "Hello {name}." -> before the punctuation, not after it
                 word = out[-1]

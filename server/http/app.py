@@ -30,7 +30,7 @@ from starlette.routing import Route
 
 from server.http.deepl import DeepLApi
 from server.http.edge import Edge
-from server.http.guard import HttpGuard
+from server.http.guard import HttpGuard, api_of, error_body
 from server.http.libre import LibreTranslateApi
 from server.http.native import NativeApi, error_response
 
@@ -70,11 +70,19 @@ class HttpFrontend:
                                                                 status_code=200 if ok else 503))
 
     # -- errors outside any endpoint ------------------------------------------------------
+    # In the shape of the API the path belongs to: DeepL's {"message"} on every /v2 and /v3 path (its
+    # clients read nothing else), LibreTranslate's {"error"} on its endpoints, the native one elsewhere.
     async def _not_found(self, request: Request, exc) -> Response:
-        return error_response(404, "NOT_FOUND", f"no endpoint {request.url.path!r}; see /openapi.json")
+        path = request.url.path
+        if api_of(path) == "deepl":
+            return _error(path, 404, "NOT_FOUND", f"Not found: this server has no endpoint {path!r} (DeepL's "
+                          "/v2/translate, /v2/languages and /v2/usage are served)")
+        return error_response(404, "NOT_FOUND", f"no endpoint {path!r}; see /openapi.json")
 
     async def _not_allowed(self, request: Request, exc) -> Response:
-        return error_response(405, "UNIMPLEMENTED", f"{request.method} is not allowed on {request.url.path!r}")
+        allowed = getattr(exc, "headers", None) or {}
+        return _error(request.url.path, 405, "UNIMPLEMENTED",
+                      f"{request.method} is not allowed on {request.url.path!r}", allowed)
 
     def _count(self, api: str, operation: str, status: int) -> None:
         self.edge.metrics.http_requests.labels(api, operation, str(status)).inc()
@@ -116,6 +124,11 @@ class HttpFrontend:
         except asyncio.TimeoutError:
             self._server.force_exit = True
             await self._task
+
+
+def _error(path: str, status: int, code: str, message: str, headers=None) -> Response:
+    return Response(error_body(api_of(path), status, code, message), status_code=status, headers=headers,
+                    media_type="application/json")
 
 
 class _NoCapture:

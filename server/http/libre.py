@@ -2,8 +2,11 @@
 
     POST /translate     q (string or list), source (code or "auto"), target, format text|html,
                         alternatives, api_key (JSON or form body)
-    GET|POST /languages [{"code", "name", "targets"}]
+    GET|POST /languages [{"code", "name", "targets"}] (a body, as libretranslatepy sends with GET, is read
+                        and its limits apply; the list needs no key, as LibreTranslate's does not)
     POST /detect        q -> [{"language", "confidence" (0-100)}], most likely first
+    GET /frontend/settings  what LibreTranslate's web frontends read first: charLimit, keyRequired...
+    POST /suggest       refused as LibreTranslate refuses it with suggestions off: 403
 
 Errors are LibreTranslate's: `{"error": message}` with 400 (bad request), 403 (missing or invalid
 api_key, or a model the key may not use), 413, 429 (rate limit; Retry-After), 500, 503.
@@ -23,6 +26,7 @@ from server.http.edge import Edge, http_status, retry_headers, language_name
 from server.http.translate import Ask, detect, translate
 
 API = "libretranslate"
+FRONTEND_TIMEOUT_MS = 500  # LibreTranslate's default: how long its frontend waits after typing before it translates
 
 
 def error(status: int, message: str, headers=None) -> JSONResponse:
@@ -43,7 +47,9 @@ class LibreTranslateApi:
     def routes(self) -> list[Route]:
         return [Route("/translate", self.translate, methods=["POST"]),
                 Route("/languages", self.languages, methods=["GET", "POST"]),
-                Route("/detect", self.detect, methods=["POST"])]
+                Route("/detect", self.detect, methods=["POST"]),
+                Route("/frontend/settings", self.frontend_settings, methods=["GET"]),
+                Route("/suggest", self.suggest, methods=["POST"])]
 
     async def _params(self, request: Request) -> Params:
         return await Params.of(request, self.edge.max_body_bytes, self.edge.body_timeout_s)
@@ -94,6 +100,10 @@ class LibreTranslateApi:
                    alternatives=alternatives), many
 
     async def languages(self, request: Request) -> Response:
+        try:
+            await self._params(request)  # libretranslatepy sends its api_key as a form body, with GET
+        except BodyError as e:
+            return self.edge.count(API, "languages", error(e.status, e.message))
         body = [{"code": source, "name": language_name(source), "targets": self.edge.admission.targets(source)}
                 for source in self.edge.admission.sources()]
         return self.edge.count(API, "languages", JSONResponse(body))
@@ -113,3 +123,26 @@ class LibreTranslateApi:
         (found,) = await detect(self.edge, [text], False)
         body = [{"confidence": round(100 * p, 1), "language": lang} for lang, p in found.ranked[:3] if p > 0.0005]
         return self.edge.count(API, "detect", JSONResponse(body or [{"confidence": 0.0, "language": found.language}]))
+
+    async def frontend_settings(self, request: Request) -> Response:
+        """LibreTranslate's /frontend/settings, with this server's values: charLimit is the per-text limit,
+        no file translation, no suggestions; the frontend's source is auto-detection, its target the
+        first served one."""
+        targets = self.edge.admission.targets()
+        target = targets[0] if targets else ""
+        keyed = self.edge.keys is not None
+        body = {"charLimit": self.edge.admission.limits.max_text_chars, "frontendTimeout": FRONTEND_TIMEOUT_MS,
+                "apiKeys": keyed, "keyRequired": keyed, "suggestions": False, "filesTranslation": False,
+                "supportedFilesFormat": [],
+                "language": {"source": {"code": "auto", "name": "Auto Detect"},
+                             "target": {"code": target, "name": language_name(target) if target else ""}}}
+        return self.edge.count(API, "frontend_settings", JSONResponse(body))
+
+    async def suggest(self, request: Request) -> Response:
+        """Suggestions are off here: LibreTranslate answers 403 before it looks at any parameter. The body
+        is read (within its limits) only so that the connection stays usable."""
+        try:
+            await self._params(request)
+        except BodyError as e:
+            return self.edge.count(API, "suggest", error(e.status, e.message))
+        return self.edge.count(API, "suggest", error(403, "Suggestions are disabled on this server."))

@@ -26,33 +26,41 @@ def replica_of(srv, job_count_before: list[int]) -> int:
     return next(i for i, (a, b) in enumerate(zip(job_count_before, now)) if b > a)
 
 
-def test_idle_calls_rotate_and_each_replica_reports_its_own_series(start_server):
-    srv = start_server(engine_core="process", engine_replicas=2, runaway_guard=False)
+def test_a_full_replica_passes_new_calls_to_the_next_and_each_reports_its_own_series(start_server):
+    """One replica's batch is filled first (--max-batch-size rows: a step's fixed cost spread over more
+    rows), then the next takes the calls that would not fit."""
+    srv = start_server(engine_core="process", engine_replicas=2, max_batch_size=2, runaway_guard=False)
     assert len(srv.app.core.members) == 2 and len(set(srv.app.core.pids)) == 2
-    texts = flickr_sentences(8)
+    texts = flickr_sentences(4)
     with TranslatorClient(srv.target, timeout=120, retries=0) as client:
-        alone = [t.hypotheses[0].text for t in client.translate(texts, model=MODEL).translations]
-        for _ in range(4):  # on an idle server, ties rotate: both replicas take calls
-            assert [t.hypotheses[0].text for t in client.translate(texts, model=MODEL).translations] == alone
-    per_replica = [srv.metric("nmt_output_tokens_total", model=MODEL, replica=str(i)) for i in (0, 1)]
-    assert all(n > 0 for n in per_replica), per_replica
-    text = srv.metrics_text()
-    assert text.count("# TYPE nmt_output_tokens_total counter") == 1  # one family, a sample per replica
-
-
-def test_a_killed_replica_fails_only_its_own_calls_and_comes_back(start_server):
-    srv = start_server(engine_core="process", engine_replicas=2, runaway_guard=False)
-    texts = flickr_sentences(8)
-    with TranslatorClient(srv.target, timeout=120, retries=0) as client:
-        before = [t.hypotheses[0].text for t in client.translate(texts, model=MODEL).translations]
         streams, homes = [], []
-        for text in texts[:6]:  # each call to the replica with less outstanding work (source tokens)
+        for text in texts:
             counts = [len(m.link.jobs) for m in srv.app.core.members]
             stream = client.translate_stream(text, model=MODEL, **LONG)
             next(iter(stream))  # decoding in its replica
             streams.append(stream)
             homes.append(replica_of(srv, counts))
-        assert set(homes) == {0, 1}, homes  # the second call found the other replica idle
+        assert homes == [0, 0, 1, 1]
+        assert [read_to_end(s)[0] for s in streams] == [grpc.StatusCode.OK] * 4
+    per_replica = [srv.metric("nmt_output_tokens_total", model=MODEL, replica=str(i)) for i in (0, 1)]
+    assert all(n >= 500 for n in per_replica), per_replica
+    text = srv.metrics_text()
+    assert text.count("# TYPE nmt_output_tokens_total counter") == 1  # one family, a sample per replica
+
+
+def test_a_killed_replica_fails_only_its_own_calls_and_comes_back(start_server):
+    srv = start_server(engine_core="process", engine_replicas=2, max_batch_size=3, runaway_guard=False)
+    texts = flickr_sentences(8)
+    with TranslatorClient(srv.target, timeout=120, retries=0) as client:
+        before = [t.hypotheses[0].text for t in client.translate(texts, model=MODEL).translations]
+        streams, homes = [], []
+        for text in texts[:6]:  # three fill replica 0's batch, three go to replica 1
+            counts = [len(m.link.jobs) for m in srv.app.core.members]
+            stream = client.translate_stream(text, model=MODEL, **LONG)
+            next(iter(stream))  # decoding in its replica
+            streams.append(stream)
+            homes.append(replica_of(srv, counts))
+        assert homes == [0, 0, 0, 1, 1, 1], homes
         victim = srv.app.core.members[0].pid
         health: list[str] = []
         watching = threading.Event()

@@ -39,6 +39,15 @@ def physical_cores() -> int:
     return max(1, len(cores))
 
 
+def _cuda_available() -> bool:
+    """Whether ONNX Runtime here has its CUDA provider (--provider auto would pick it)."""
+    try:
+        import onnxruntime
+    except ImportError:
+        return False
+    return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+
+
 # What each flag does and what it accepts, as `--help` shows it (with its NMT_* variable and default).
 HELP = {
     "host": "address to bind the gRPC port (and the metrics port) to",
@@ -106,10 +115,11 @@ HELP = {
                                       "is sent GOAWAY (too_many_pings); >= 0",
     "keepalive_permit_without_calls": "accept keepalive pings on connections with no call running (true/false)",
     "workers": "threads that validate and tokenise large requests (over 2,000 characters) off the event loop; >= 1",
-    "engine_core": "where the engine (ONNX Runtime, slot cache, scheduler, decode loop) runs: thread (in this "
-                   "process, beside the gRPC/HTTP frontend) or process (a core process of its own: a crash or a "
-                   "stuck loop there fails the calls in flight UNAVAILABLE and the core restarts while the "
-                   "ports stay up; docs/architecture.md)",
+    "engine_core": "where the engine (ONNX Runtime, slot cache, scheduler, decode loop) runs: process (the "
+                   "default: --engine-replicas core processes of their own; a crash or a stuck loop there fails "
+                   "that replica's calls UNAVAILABLE and it restarts while the ports stay up; measured faster "
+                   "on streams and unary batches, docs/serving_speed.md) or thread (in this process, beside the "
+                   "gRPC/HTTP frontend: one process, in-process tests; docs/architecture.md)",
     "engine_replicas": "engine core processes (--engine-core process), each with every model, its own ONNX Runtime "
                        "sessions, slot cache, scheduler and loop; a call goes to the replica with the least "
                        "outstanding work, a replica that dies costs only its own calls and restarts while the "
@@ -184,7 +194,7 @@ class ServerConfig:
     keepalive_min_ping_interval_ms: int = 10_000  # the client library pings every 30 s by default
     keepalive_permit_without_calls: bool = True
     workers: int = 4  # threads for the handlers' blocking work (validation, tokenisation), off the event loop
-    engine_core: str = "thread"  # thread | process (server/coreprocess/)
+    engine_core: str = "process"  # process | thread (server/coreprocess/)
     engine_replicas: int = 0  # engine core processes (--engine-core process); 0 = one per physical core
     frontends: int = 0  # frontend processes over the core (--engine-core process); 0 = one per 4 cores
     watchdog_s: float = 30.0  # no engine step for this long with work waiting: NOT_SERVING, fail requests, exit 3
@@ -250,9 +260,12 @@ class ServerConfig:
         the small kernels of a small model; CTranslate2's inter_threads), 1 in-process."""
         if self.engine_core != "process":
             return 1
+        if self.engine_replicas > 0:
+            return self.engine_replicas
+        if self.provider == "cuda" or (self.provider == "auto" and _cuda_available()):
+            return 1  # one engine per GPU (this server drives one device)
         # The first frontend shares the engines' cores (its work comes between theirs); extra ones take one each.
-        return self.engine_replicas if self.engine_replicas > 0 else \
-            max(1, physical_cores() - (self.frontend_processes - 1))
+        return max(1, physical_cores() - (self.frontend_processes - 1))
 
     @property
     def engine_threads(self) -> int:

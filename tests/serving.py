@@ -25,8 +25,11 @@ class ServerThread:
     """A TranslationServer on its own event loop in a daemon thread, on free loopback ports."""
 
     def __init__(self, **overrides):
+        # The engine in this process (--engine-core thread) unless a test asks for core processes: tests read
+        # and gate the in-process engine loop (EngineGate, schedulers); the default layout is tested through
+        # `python -m server` subprocesses and with engine_core="process".
         defaults = dict(host="127.0.0.1", port=0, metrics_port=0, http_port=0, model_repository=str(REPOSITORY),
-                        intra_op_threads=int(os.environ.get("NMT_TEST_THREADS", "0")))
+                        engine_core="thread", intra_op_threads=int(os.environ.get("NMT_TEST_THREADS", "0")))
         self.cfg = ServerConfig(**{**defaults, **overrides})
         self.app = TranslationServer(self.cfg)
         self._ready = threading.Event()

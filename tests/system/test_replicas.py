@@ -89,3 +89,71 @@ def test_a_killed_replica_fails_only_its_own_calls_and_comes_back(start_server):
         assert srv.metric("nmt_engine_core_restarts_total") == 1
         after = [t.hypotheses[0].text for t in client.translate(texts, model=MODEL).translations]
         assert after == before
+
+
+def test_with_the_default_flags_a_killed_replica_costs_only_its_calls():
+    """`python -m server` as shipped (engine replicas in core processes: two on two cores): 70 long streams
+    started at once fill the first replica's 64 slots and spill into the second; kill -9 of the second
+    ends exactly its streams UNAVAILABLE, the first's finish OK, readiness stays SERVING, and the
+    replica is replaced."""
+    from benchmarks.harness import ServerProcess, descendants
+    server = ServerProcess("--runaway-guard", "false").start()
+    try:
+        cores = sorted(p for p in descendants(server.pid) if "server.coreprocess" in cmdline(p)
+                       and "frontend" not in cmdline(p))
+        assert len(cores) >= 2, cores  # the default on this machine: a replica per physical core
+        victim = cores[1]  # replicas start in order: the second one's pid is the larger
+        texts = flickr_sentences(70)
+        with TranslatorClient(server.target, timeout=120, retries=0) as client, cf.ThreadPoolExecutor(70) as pool:
+            def opened(text):
+                stream = client.translate_stream(text, model=MODEL, **LONG)
+                first = next(iter(stream))
+                return stream, first
+            streams = [f.result(60)[0] for f in [pool.submit(opened, t) for t in texts]]
+            running = [server_metric(server, "nmt_running_requests", model=MODEL, replica=str(i)) for i in (0, 1)]
+            assert running[0] == 64 and running[1] == 6, running
+            health: list[str] = []
+            done = threading.Event()
+
+            def watch() -> None:
+                with TranslatorClient(server.target, timeout=10, retries=0) as probe:
+                    while not done.is_set():
+                        health.append(probe.health())
+                        time.sleep(0.02)
+            watcher = threading.Thread(target=watch)
+            watcher.start()
+            try:
+                os.kill(victim, signal.SIGKILL)
+                codes = [f.result(120)[0] for f in [pool.submit(read_to_end, s) for s in streams]]
+                assert wait_for(lambda: len([p for p in descendants(server.pid) if "server.coreprocess" in cmdline(p)
+                                             and "frontend" not in cmdline(p)]) == len(cores), timeout=90)
+                assert wait_for(lambda: client.translate(["A dog."], model=MODEL).translations[0].hypotheses,
+                                timeout=30)
+            finally:
+                done.set()
+                watcher.join(30)
+        assert codes.count(grpc.StatusCode.UNAVAILABLE) == 6 and codes.count(grpc.StatusCode.OK) == 64, codes
+        assert set(health) == {"SERVING"}, set(health)
+    finally:
+        server.stop(timeout=30)
+
+
+def cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode()
+    except FileNotFoundError:
+        return ""
+
+
+def server_metric(server, name: str, **labels) -> float:
+    """Sum of a metric's samples with these labels, from a server process's metrics port."""
+    import re
+    import urllib.request
+    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        m = re.match(r"^([a-zA-Z_:]+)(\{[^}]*\})? (\S+)$", line)
+        if m and m.group(1) == name and all(f'{k}="{v}"' in (m.group(2) or "") for k, v in labels.items()):
+            total += float(m.group(3))
+    return total

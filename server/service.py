@@ -87,6 +87,9 @@ class Results:
     def __init__(self) -> None:
         loop = asyncio.get_running_loop()
         self.relay, self.future = relay_for(loop), loop.create_future()
+        # A job may fail (its deadline passed in the queue) while the call is being cancelled before it
+        # awaits the results: the failure then has no reader, and asyncio would log it as an ERROR.
+        self.future.add_done_callback(lambda f: f.cancelled() or f.exception())
         self.got: dict[int, object] = {}
         self.expected: Optional[int] = None
 

@@ -5,7 +5,8 @@
     python -m client models
     python -m client health
     python -m client translate-file INPUT [-o OUTPUT] [--target a:50051,b:50051] [--concurrency 8]
-        (text, JSONL or TSV; resumable; see docs/translate_file.md)
+        (text, JSONL or TSV, resumable; or a document: docx, pptx, xlsx, odt, srt, xliff, po, html...;
+        see docs/translate_file.md)
 """
 from __future__ import annotations
 
@@ -75,7 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("models", help="list the loaded models")
     sub.add_parser("health", help="the server's health status")
     from client import translate_file
-    f = sub.add_parser("translate-file", help="translate a file (text, JSONL, TSV): batched, concurrent, resumable",
+    f = sub.add_parser("translate-file", help="translate a file (text, JSONL, TSV: batched, concurrent, resumable; "
+                                              "or a document: docx, pptx, xlsx, odt, srt, xliff, po, html)",
                        description=translate_file.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     translate_file.add_arguments(f)
     args = p.parse_args(argv)

@@ -4,11 +4,14 @@
     python -m client translate-file docs.jsonl --field body --output-field body_de
     python -m client translate-file pairs.tsv --column src      # a header name: the first row is a header
 
-Input formats (--format, `auto` picks by extension: .jsonl/.ndjson, .tsv, else text):
+Input formats (--format, `auto` picks by extension: .jsonl/.ndjson, .tsv, the document formats, else text):
   text   one document per line; --whole-file makes the whole file one text
   jsonl  one JSON object per line; translates --field, writes the object back with --output-field set
   tsv    tab-separated rows; translates --column (1-based, as `cut -f`, or a header name) and appends
          the translation as a new last column
+  document  .docx .pptx .xlsx .odt .odp .ods .srt .xlf/.xliff .po/.pot .html/.htm: the file read here by
+         the server's readers (server/files/), its texts translated with their formatting, the file
+         rebuilt and written whole (no resume; --overwrite to replace an existing OUTPUT)
 
 Every input line gives exactly one output line, in input order; empty lines and empty texts pass
 through untranslated. Requests carry --batch-size texts each, at most --concurrency in flight,
@@ -33,6 +36,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .document import print_document_summary, translate_document
 from .report import print_summary
 from .resume import write_json_atomic
 from .runner import translate_file
@@ -46,8 +50,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("input", metavar="INPUT", help="file to translate")
     p.add_argument("-o", "--output", help="output file ('-' = stdout: no resume); "
                                           "default: INPUT with '.translated' before its extension")
-    p.add_argument("--format", choices=("auto", "text", "jsonl", "tsv"), default="auto",
-                   help="input format; auto: .jsonl/.ndjson = jsonl, .tsv = tsv, anything else = text")
+    p.add_argument("--format", choices=("auto", "text", "jsonl", "tsv", "document"), default="auto",
+                   help="input format; auto: .jsonl/.ndjson = jsonl, .tsv = tsv, .docx .pptx .xlsx .odt .odp .ods "
+                        ".srt .xlf .xliff .po .pot .html .htm = document (the file rebuilt with its formatting; "
+                        "see docs/translate_file.md), anything else = text"),
     p.add_argument("--whole-file", action="store_true", help="text: the whole file is one text")
     p.add_argument("--field", default="text", help="jsonl: the field to translate")
     p.add_argument("--output-field", default="translation",
@@ -91,11 +97,14 @@ def main_args(args: argparse.Namespace) -> int:
     """The CLI's translate-file command: 0 done, 1 lines failed, 2 bad arguments, 130 interrupted."""
     try:
         s = settings_from_args(args)
-        summary = translate_file(s)
+        summary = translate_document(s) if s.format == "document" else translate_file(s)
     except UsageError as e:
         print(f"translate-file: {e}", file=sys.stderr)
         return 2
-    print_summary(summary)
+    if s.format == "document":
+        print_document_summary(summary)
+    else:
+        print_summary(summary)
     if s.summary_json is not None:
         write_json_atomic(s.summary_json, summary)
     if summary["interrupted"]:

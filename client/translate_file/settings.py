@@ -60,6 +60,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     fmt = args.format
     if fmt == "auto":
         fmt = {".jsonl": "jsonl", ".ndjson": "jsonl", ".tsv": "tsv"}.get(src.suffix.lower(), "text")
+        from .document import document_extensions
+        if fmt == "text" and src.suffix.lower() in document_extensions():
+            fmt = "document"
     if args.whole_file and fmt != "text":
         raise UsageError("--whole-file is for the text format")
     if args.output == "-":

@@ -63,7 +63,7 @@ class Targets:
         self.turn = (i + 1) % n
         return i
 
-    async def translate(self, texts: list[str]):
+    async def translate(self, texts: list[str], mime_type: str = ""):
         s = self.s
         attempt = 0
         while True:
@@ -72,7 +72,7 @@ class Targets:
             try:
                 resp = await self.clients[i].translate(
                     texts, model=s.model, timeout=s.timeout, source_language=s.source_language,
-                    target_language=s.target_language, beam_size=s.beam)
+                    target_language=s.target_language, beam_size=s.beam, mime_type=mime_type)
                 self.failures[i] = 0
                 return resp
             except grpc.aio.AioRpcError as e:

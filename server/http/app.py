@@ -29,6 +29,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from server.http.deepl import DeepLApi
+from server.http.documents import DocumentsApi
 from server.http.edge import Edge
 from server.http.guard import HttpGuard, api_of, error_body
 from server.http.libre import LibreTranslateApi
@@ -46,7 +47,7 @@ class HttpFrontend:
         self._task: Optional[asyncio.Task] = None
         routes = [Route("/healthz", self.healthz, methods=["GET", "HEAD"]),
                   Route("/readyz", self.readyz, methods=["GET", "HEAD"])]
-        for api in (NativeApi(edge), DeepLApi(edge), LibreTranslateApi(edge)):
+        for api in (NativeApi(edge), DeepLApi(edge), LibreTranslateApi(edge), DocumentsApi(edge)):
             routes += api.routes()
         # HttpGuard (server/http/guard.py) turns a handler's exception into a counted 500 that keeps the
         # connection; Starlette's own error middleware would send it and then re-raise.

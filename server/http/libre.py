@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from server.files import extensions
 from server.gateway import CallFailed
 from server.http.body import BadParam, BodyError, Params
 from server.http.edge import Edge, http_status, retry_headers, language_name
@@ -132,8 +133,8 @@ class LibreTranslateApi:
         target = targets[0] if targets else ""
         keyed = self.edge.keys is not None
         body = {"charLimit": self.edge.admission.limits.max_text_chars, "frontendTimeout": FRONTEND_TIMEOUT_MS,
-                "apiKeys": keyed, "keyRequired": keyed, "suggestions": False, "filesTranslation": False,
-                "supportedFilesFormat": [],
+                "apiKeys": keyed, "keyRequired": keyed, "suggestions": False, "filesTranslation": True,
+                "supportedFilesFormat": extensions(),
                 "language": {"source": {"code": "auto", "name": "Auto Detect"},
                              "target": {"code": target, "name": language_name(target) if target else ""}}}
         return self.edge.count(API, "frontend_settings", JSONResponse(body))

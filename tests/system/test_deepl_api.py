@@ -190,8 +190,8 @@ def test_libretranslate_frontend_settings_suggest_and_languages_with_a_body(srv)
     body = settings.json()
     assert body["charLimit"] == srv.cfg.max_text_chars and isinstance(body["frontendTimeout"], int)
     assert (body["apiKeys"], body["keyRequired"], body["suggestions"], body["filesTranslation"]) == \
-        (True, True, False, False)
-    assert body["supportedFilesFormat"] == []
+        (True, True, False, True)  # files: /translate_file (server/files/)
+    assert ".docx" in body["supportedFilesFormat"] and ".srt" in body["supportedFilesFormat"]
     assert body["language"]["source"] == {"code": "auto", "name": "Auto Detect"}
     assert body["language"]["target"] == {"code": "de", "name": "German"}
     refused = httpx.post(f"{srv.http}/suggest", data={"q": "A dog.", "s": "Ein Hund.", "source": "en",

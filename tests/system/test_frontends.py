@@ -140,11 +140,14 @@ def test_sigterm_drains_every_frontend():
             proc.kill()
 
 
-@pytest.mark.parametrize("flags", [{"frontends": 2}, {"frontends": -1, "engine_core": "process"}])
-def test_frontends_need_the_core_process(flags):
+@pytest.mark.parametrize("flags,named", [({"frontends": 2, "engine_core": "thread"}, "--frontends"),
+                                         ({"frontends": -1, "engine_core": "process"}, "--frontends"),
+                                         ({"engine_replicas": 2, "engine_core": "thread"}, "--engine-replicas"),
+                                         ({"engine_replicas": -1}, "--engine-replicas")])
+def test_frontends_and_replicas_need_the_core_process(flags, named):
     from server.config import ServerConfig
     problems = ServerConfig(**flags).problems()
-    assert any("--frontends" in p for p in problems), problems
+    assert any(named in p for p in problems), problems
 
 
 def test_lame_duck_reaches_every_frontend_and_the_core_keeps_serving():

@@ -11,6 +11,9 @@ no forced EOS), equal lengths on both sides. The same Hugging
 Face directory goes through `python -m export --from-huggingface` (ours) and
 `ct2-transformers-converter` (CTranslate2, float32); both servers are driven by the same client code
 (benchmarks/serving_compare.py), alternating, and must produce the same tokens on 50 texts first.
+The peer is tuned as CTranslate2 advises: every --ct2-configs setting (replicas x intra-op threads,
+texts per batch; serving_compare's notation) runs in the same rotation and each load is compared
+with the best of them.
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from benchmarks.serving_compare import measure, median_of
+from benchmarks.serving_compare import best_ct2, ct2_config, default_ct2_configs, measure, median_of
 from benchmarks.harness import ServerProcess, date_line, free_port, machine_line, rotations, wait_serving
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,10 +89,11 @@ def start(kind: str, paths: dict, args) -> tuple[Callable[[], object], int, str]
                                "--runaway-guard", "false",  # random weights with EOS suppressed loop by design
                                metrics=False).launch()
         return (lambda: server.stop(timeout=30)), server.pid, server.target
+    cfg = ct2_config(kind.partition(":")[2] or f"1x{args.ct2_threads}", args.max_batch_size)
     port = free_port()  # the CTranslate2 peer (benchmarks/ct2_server.py)
     cmd = [sys.executable, "-m", "benchmarks.ct2_server", "--model", paths["ct2"], "--bundle", paths["bundle"],
-           "--port", str(port), "--threads", str(args.ct2_threads), "--compute-type", "float32",
-           "--max-batch", str(args.max_batch_size)]
+           "--port", str(port), "--replicas", str(cfg["replicas"]), "--threads", str(cfg["threads"]),
+           "--compute-type", "float32", "--max-batch", str(cfg["batch"]), "--max-delay-ms", str(cfg["delay_ms"])]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return (lambda: (proc.terminate(), proc.wait(30))), proc.pid, f"127.0.0.1:{port}"
 
@@ -113,7 +117,8 @@ def run(kind: str, paths: dict, texts: list[str], args, check: bool = False):
 
 
 def render(res: dict, args, argv: list[str], same: int, n_same: int) -> str:
-    ours, base = res["ours"], res["ct2"]
+    ours, base = res["ours"], best_ct2(res)
+    peers = [k for k in res if k.startswith("ct2:")]
     lines = ["# An OPUS-MT-sized Marian model: our server vs CTranslate2", "",
              f"Command: `python -m benchmarks.hf_compare {shlex.join(argv)}`", "",
              date_line(), "",
@@ -122,16 +127,21 @@ def render(res: dict, args, argv: list[str], same: int, n_same: int) -> str:
              "test_2016_flickr captions, every text decoding its whole output budget (EOS never wins: see the "
              "module docstring).", "",
              f"Same tokens: {same}/{n_same} texts identical between the two servers (fp32).", "",
-             "| load | ours tok/s | CT2 server tok/s | ours / CT2 | TTFT p50 ours / CT2 (ms) | "
-             "server CPU µs/token ours / CT2 |", "|---|---|---|---|---|---|"]
+             "CT2 = benchmarks/ct2_server.py at its best setting for each load, out of "
+             f"{', '.join(f'`{c}`' for c in args.ct2_configs)} (replicas x intra-op threads each, `-bB` texts per "
+             "batch; all in the same rotation).", "",
+             "| load | ours tok/s | CT2 best tok/s (setting) | ours / CT2 | TTFT p50 ours / CT2 (ms) | "
+             "server CPU µs/token ours / CT2 | CT2 tok/s by setting |", "|---|---|---|---|---|---|---|"]
     for c in ours["streams"]:
         o, b = ours["streams"][c], base["streams"][c]
-        lines.append(f"| {c} streams | {o['tokens_per_s']:,.0f} | {b['tokens_per_s']:,.0f} | "
+        each = ", ".join(f"{res[k]['streams'][c]['tokens_per_s']:,.0f}" for k in peers)
+        lines.append(f"| {c} streams | {o['tokens_per_s']:,.0f} | {b['tokens_per_s']:,.0f} (`{b['setting']}`) | "
                      f"**{o['tokens_per_s'] / b['tokens_per_s']:.2f}** | {o['ttft_p50_ms']:.0f} / "
-                     f"{b['ttft_p50_ms']:.0f} | {o['cpu_us_per_token']:.0f} / {b['cpu_us_per_token']:.0f} |")
+                     f"{b['ttft_p50_ms']:.0f} | {o['cpu_us_per_token']:.0f} / {b['cpu_us_per_token']:.0f} | {each} |")
+    each = ", ".join(f"{res[k]['unary_tokens_per_s']:,.0f}" for k in peers)
     lines.append(f"| unary, {args.unary_texts} texts x {args.unary_clients} clients | "
-                 f"{ours['unary_tokens_per_s']:,.0f} | {base['unary_tokens_per_s']:,.0f} | "
-                 f"**{ours['unary_tokens_per_s'] / base['unary_tokens_per_s']:.2f}** | | |")
+                 f"{ours['unary_tokens_per_s']:,.0f} | {base['unary_tokens_per_s']:,.0f} (`{base['unary_setting']}`) | "
+                 f"**{ours['unary_tokens_per_s'] / base['unary_tokens_per_s']:.2f}** | | | {each} |")
     return "\n".join(lines) + "\n"
 
 
@@ -147,18 +157,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--unary-calls", type=int, default=2, help="calls per unary client")
     p.add_argument("--max-batch-size", type=int, default=32)
     p.add_argument("--ct2-threads", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--ct2-configs", type=lambda s: s.split(","), default=None,
+                   help="the peer's settings in the rotation, serving_compare's notation (default: one replica "
+                        "on every core, a replica per core, a replica per core with batches split)")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--out", default=str(ROOT / "docs/benchmarks/hf_compare.md"))
     args = p.parse_args(argv)
+    args.ct2_configs = args.ct2_configs or default_ct2_configs(os.cpu_count() or 2, args.max_batch_size)
     texts = [t for t in CAPTIONS.read_text().splitlines() if t.strip()]
     with tempfile.TemporaryDirectory(prefix="hf-compare-") as tmp:
         print("building the model, exporting it and converting it for CTranslate2", file=sys.stderr, flush=True)
         paths = prepare(Path(tmp))
-        a, b = run("ours", paths, texts[:50], args, check=True), run("ct2", paths, texts[:50], args, check=True)
+        peers = [f"ct2:{c}" for c in args.ct2_configs]
+        a, b = run("ours", paths, texts[:50], args, check=True), run(peers[0], paths, texts[:50], args, check=True)
         same = sum(x == y for x, y in zip(a, b))
         print(f"same tokens: {same}/50", file=sys.stderr, flush=True)
-        runs: dict[str, list] = {"ours": [], "ct2": []}
-        for r, order in enumerate(rotations(("ours", "ct2"), args.repeats)):
+        runs: dict[str, list] = {"ours": [], **{k: [] for k in peers}}
+        for r, order in enumerate(rotations(("ours", *peers), args.repeats)):
             for kind in order:
                 print(f"  repeat {r + 1}: {kind}", file=sys.stderr, flush=True)
                 runs[kind].append(run(kind, paths, texts, args))

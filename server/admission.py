@@ -29,6 +29,7 @@ from typing import Callable, Optional
 from models.core.tokenizer import normalize
 from server.documents.plan import DocumentOptions, Plan
 from server.core.errors import InvalidArgument, NotFound, ServiceError, shown
+from server.glossary import use as glossary
 from server.hosted import HostedModel
 from server.language_id import Detection, LanguageIdentifier, route
 from server.observability import calls
@@ -58,6 +59,8 @@ class TranslateCall:
     scores: bool = False
     stream: bool = False
     deadline: Optional[float] = None  # time.monotonic() value; None = no deadline
+    glossary_id: str = ""  # a stored glossary of the caller's key (server/glossary/), or
+    glossary_entries: tuple[tuple[str, str], ...] = ()  # inline (source, target) entries
 
 
 @dataclass
@@ -69,6 +72,7 @@ class Admitted:
     jobs: list[Job]
     source_language: str
     detection: Optional[Detection]
+    glossary: Optional[list] = None  # with a glossary: each text's matches (server/glossary/matching.py Match)
 
     @property
     def confidence(self) -> float:
@@ -95,6 +99,7 @@ class Admission:
         self.identifier = LanguageIdentifier()  # requests that name no source language (server/language_id.py)
         self.usage = CharacterUsage()  # characters per API key, and their quota (server/security/usage.py)
         self.quota_of: Callable[[str], int] = lambda key_id: 0  # a key id's character quota; the app sets it
+        self.glossaries = None  # server.glossary.store.GlossaryStore; None: the default file's (open_store)
 
     # -- routing -------------------------------------------------------------------------
     def model(self, name: str, source_language: str = "", target_language: str = "") -> HostedModel:
@@ -185,7 +190,8 @@ class Admission:
     async def translate(self, call: TranslateCall, sink_for: Callable[[int], Sink]) -> Admitted:
         """Route, check, split, tokenise and queue a Translate/TranslateStream call; `sink_for(i)` is the
         sink of the i-th sentence (document order). Raises a ServiceError naming every problem."""
-        admitted = await self._run(sum(map(len, call.texts)), self._admit, call, sink_for)
+        size = sum(map(len, call.texts)) + sum(len(s) + len(t) for s, t in call.glossary_entries)  # inline terms too
+        admitted = await self._run(size, self._admit, call, sink_for)
         if admitted.jobs:
             await admitted.model.submit(admitted.jobs)  # all or none
         return admitted
@@ -201,8 +207,12 @@ class Admission:
         if problems:
             raise InvalidArgument("; ".join(problems))
         languages = (source, call.target_language)
+        terms = glossary.lookup(self, call.glossary_id, call.glossary_entries,
+                                source or model.bundle.source_language,
+                                call.target_language or model.bundle.target_language)
         t0 = time.perf_counter()
         plans = model.plan(call.texts, call.options, languages)
+        literals = glossary.literal(plans, terms) if terms is not None else None
         model.metrics.split_time.observe(time.perf_counter() - t0)
         labels = [f"texts[{i}]" + (f" sentence {j}" if len(plan.units) > 1 else "")
                   for i, plan in enumerate(plans) for j in range(len(plan.units))]
@@ -217,8 +227,9 @@ class Admission:
         jobs = model.jobs(sources, call.params, [sink_for(i) for i in range(len(sources))], call.deadline,
                           scores=call.scores, stream=call.stream, languages=languages, labels=labels,
                           prefixed=firsts)
+        matches = glossary.attach(jobs, sources, terms, model, plans, literals) if terms is not None else None
         calls.submitted(jobs)
-        return Admitted(model, plans, jobs, source, detection)
+        return Admitted(model, plans, jobs, source, detection, matches)
 
     async def embed(self, name: str, texts: list[str], sink_for: Callable[[int], Sink],
                     deadline: Optional[float]) -> tuple[HostedModel, list[EmbedJob]]:

@@ -15,6 +15,7 @@ from protos.nmt.v1 import translator_pb2 as pb
 from server.config import ServerConfig
 from server.coreprocess.frontends import FrontendPool
 from server.coreprocess.replicas import Replicas
+from server.glossary.store import open_store
 from server.core.errors import Unavailable
 from server.admission import Admission, Limits
 from server.gateway import Gateway
@@ -81,6 +82,7 @@ class TranslationServer:
         self.admission = Admission(self.models, default, Limits(cfg.max_texts_per_request, cfg.max_text_chars,
                                                                 cfg.max_sentences_per_request),
                                    self.executor, self.metrics)
+        self.admission.glossaries = open_store(cfg.glossary_db or None)  # DeepL glossaries (server/glossary/)
         self.service = TranslatorService(self.admission, self.metrics)
         self.tracer = self.service.tracer = tracing.from_config(cfg.otlp_endpoint, self.span_exporter,
                                                                 self.metrics.build["version"])

@@ -120,6 +120,8 @@ HELP = {
                    "that replica's calls UNAVAILABLE and it restarts while the ports stay up; measured faster "
                    "on streams and unary batches, docs/serving_speed.md) or thread (in this process, beside the "
                    "gRPC/HTTP frontend: one process, in-process tests; docs/architecture.md)",
+    "glossary_db": "SQLite file of the DeepL glossaries (server/glossary/, docs/glossaries.md), created if missing; "
+                   "empty = $XDG_CACHE_HOME/nmt-serve/glossaries.sqlite3 (~/.cache when unset)",
     "engine_replicas": "engine core processes (--engine-core process), each with every model, its own ONNX Runtime "
                        "sessions, slot cache, scheduler and loop; a call goes to the replica with the least "
                        "outstanding work, a replica that dies costs only its own calls and restarts while the "
@@ -195,6 +197,7 @@ class ServerConfig:
     keepalive_permit_without_calls: bool = True
     workers: int = 4  # threads for the handlers' blocking work (validation, tokenisation), off the event loop
     engine_core: str = "process"  # process | thread (server/coreprocess/)
+    glossary_db: str = ""  # the glossaries' SQLite file; "" = server.glossary.store.default_path()
     engine_replicas: int = 0  # engine core processes (--engine-core process); 0 = one per physical core
     frontends: int = 0  # frontend processes over the core (--engine-core process); 0 = one per 4 cores
     watchdog_s: float = 30.0  # no engine step for this long with work waiting: NOT_SERVING, fail requests, exit 3

@@ -26,6 +26,7 @@ from server.metrics import Metrics
 from server.core.runaway import RunawayGuard
 from server.core.request import DecodingParams, EmbedJob, ErrorEvent, Event, FinishEvent, GenerationRules, Job
 from server.core.scheduler import Scheduler
+from server.glossary.enforce import pieces_of
 
 
 class HostedModel:
@@ -60,7 +61,8 @@ class HostedModel:
         generation = bundle.config.get("generation", {})
         rules = GenerationRules(spec.eos_id, spec.suppress_ids, bool(generation.get("force_eos_at_limit", False)),
                                 bool(generation.get("renormalize", False)),
-                                bool(generation.get("early_stopping", True)), spec.bos_id)
+                                bool(generation.get("early_stopping", True)), spec.bos_id,
+                                pieces_of(self.tok, spec.out_vocab_size))
         self.scheduler = Scheduler(self.name, self.cache, metrics, spec.eos_id,
                                    max_queue=cfg.max_queue_size, max_encode_tokens=cfg.max_batch_tokens,
                                    max_encode_batch=cfg.max_batch_size, stream_interval=cfg.stream_interval,

@@ -99,6 +99,15 @@ class Metrics:
         self.language_detections = Counter("nmt_language_detections_total", "Source languages detected for texts "
                                            "sent without one, by detected language ('unserved' when no model "
                                            "translates from it).", ["language"], registry=r)
+        # Glossaries (docs/glossaries.md): each translation request's glossary, by how it was found, and
+        # each entry found in a text, by whether its target term made it into the translation.
+        self.glossary_lookups = Counter("nmt_glossary_lookups_total", "Glossaries a translation request asked "
+                                        "for, by result: stored (found in the store), inline (entries sent with "
+                                        "the request), refused (unknown id, another key's, no dictionary for the "
+                                        "pair, or bad entries).", ["result"], registry=r)
+        self.glossary_terms = Counter("nmt_glossary_terms_total", "Glossary entries whose source term occurs in "
+                                      "a translated text, by outcome: applied (the target term is in the "
+                                      "translation) or missed.", ["outcome"], registry=r)
 
         # Observability (docs/observability.md): the process (CPU, memory, open files, start time), the
         # interpreter and its garbage collector, as prometheus_client exports them on its default registry,

@@ -20,6 +20,7 @@ from protos.nmt.v1 import translator_pb2 as pb
 from protos.nmt.v1 import translator_pb2_grpc as pb_grpc
 from server.documents.assemble import DocumentResult, DocumentStream, assemble
 from server.documents.plan import MIME_PLAIN, SPLIT_NEWLINES, SPLIT_OFF, SPLIT_ON, DocumentOptions
+from server.glossary.use import hits as glossary_hits
 from server.core.errors import InvalidArgument, ServiceError, Unavailable, bounded
 from server.admission import Admission, TranslateCall
 from server.hosted import HostedModel
@@ -71,7 +72,9 @@ def translate_call(request, deadline: Optional[float]) -> TranslateCall:
                          params=decoding_params(request.options), model=request.model,
                          source_language=request.source_language, target_language=request.target_language,
                          options=document_options(request.split_sentences, request.mime_type),
-                         scores=not stream and request.return_scores, stream=stream, deadline=deadline)
+                         scores=not stream and request.return_scores, stream=stream, deadline=deadline,
+                         glossary_id=request.glossary_id,
+                         glossary_entries=tuple((e.source, e.target) for e in request.glossary_entries))
 
 
 def deadline_of(context) -> Optional[float]:
@@ -265,11 +268,19 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         if admitted.detection is not None:
             out.detected_source_language, out.detection_confidence = admitted.source_language, admitted.confidence
         start = 0
-        for plan in admitted.plans:
+        for i, plan in enumerate(admitted.plans):
             units = done[start:start + len(plan.units)]
             start += len(plan.units)
-            self._add_translation(out, model, assemble(plan, units, model.tok), request)
+            doc = assemble(plan, units, model.tok)
+            self._add_translation(out, model, doc, request)
+            if admitted.glossary is not None:
+                self._add_hits(out.translations[-1].glossary_hits, admitted.glossary[i],
+                               doc.hypotheses[0].text if doc.hypotheses else "")
         return out
+
+    def _add_hits(self, field, matches: list, text: str) -> None:
+        for source, target, occurrences, applied in glossary_hits(matches, text, self.metrics):
+            field.add(source=source, target=target, occurrences=occurrences, applied=applied)
 
     @staticmethod
     def _add_translation(out: pb.TranslateResponse, model: HostedModel, doc: DocumentResult,
@@ -337,11 +348,15 @@ class TranslatorService(pb_grpc.TranslatorServicer):
                     unsent, delta = [], ""
             res = doc.result()
             unsent += doc.take_released()
-            yield pb.TranslateStreamResponse(
+            final = pb.TranslateStreamResponse(
                 delta=delta, token_ids=unsent, final=True, finish_reason=FINISH[res.reason],
                 input_tokens=res.input_tokens, output_tokens=res.output_tokens, timings=timings(res.timing),
                 model=model.name, detected_source_language=admitted.source_language if admitted.detection else "",
                 detection_confidence=admitted.confidence)
+            if admitted.glossary is not None:
+                self._add_hits(final.glossary_hits, admitted.glossary[0], "\n".join(
+                    [p for p in plan.parts if isinstance(p, str)] + [model.tok.decode(ids) for ids in doc.ids]))
+            yield final
         finally:
             inbox.close()
             calls.note(output_tokens=sum(map(len, doc.ids)))  # decoded so far, if the stream was cut short

@@ -79,10 +79,22 @@ class RowControls:
     ban_unk: np.ndarray  # (B,) bool
     ban_eos: np.ndarray  # (B,) bool
     rank: np.ndarray  # (B,) int64: greedy rows take their rank-th best token (alternatives), 0 = the best
+    # Glossary terms (server/glossary/enforce.py): tokens whose score gets the row's bonus (-1 = none; K is
+    # the most any row has this step, 0 when none has): on the logits of greedy and sampling rows, on the
+    # log-probabilities of beam rows (a beam's score then carries it).
+    boost: np.ndarray = None  # (B, K) int64
+    boost_value: np.ndarray = None  # (B,) float32
 
     def take(self, index) -> "RowControls":
         """The controls of the rows `index` (a slice or index array), in that order."""
         return RowControls(*(getattr(self, f.name)[index] for f in fields(self)))
+
+    def __post_init__(self) -> None:
+        b = len(self.kind)
+        if self.boost is None:
+            self.boost = np.full((b, 0), -1, np.int64)
+        if self.boost_value is None:
+            self.boost_value = np.zeros(b, np.float32)
 
     @classmethod
     def greedy(cls, b: int) -> "RowControls":
@@ -227,6 +239,9 @@ class TokenChooser:
             self._process(ctl_logp, np.arange(len(beam_ctl)), beam_ctl, c, history, lengths)
             if self.renormalize:  # transformers' LogitNormalization, after every processor
                 ctl_logp = _no_nan(ctl_logp - logsumexp(ctl_logp)[:, None])
+        if c.boost.shape[1]:  # glossary terms' first tokens, greedy and sampling rows: on the logits
+            rows = np.flatnonzero(c.kind != BEAM)
+            _boost(logits, rows, rows, c)
         greedy = np.flatnonzero(c.kind == GREEDY)
         if len(greedy):
             g = _rows(logits, greedy)
@@ -255,8 +270,12 @@ class TokenChooser:
             x = _rows(logits, beam_rows)
             # Renormalised, or nothing suppressed: the normaliser of what is left.
             norm = beam_norm if beam_norm is not None else logsumexp(x)
+            if c.boost.shape[1]:  # after the normaliser: a bonus on the log-probabilities
+                _boost(x, np.arange(len(beam_rows)), beam_rows, c)
             self._beam(x, norm, c, beam_rows, beam_ids, beam_logp)
         if len(beam_ctl):
+            if c.boost.shape[1]:
+                _boost(ctl_logp, np.arange(len(beam_ctl)), beam_ctl, c)
             self._beam(ctl_logp, np.zeros(len(beam_ctl), np.float32), c, beam_ctl, beam_ids, beam_logp)
         if len(all_beam):  # a beam row with no continuation left ends: EOS, at a log-probability no live one has
             empty = all_beam[~(beam_logp[all_beam, 0] > -np.inf)]
@@ -312,6 +331,14 @@ class TokenChooser:
         if len(pinned):
             ids[rows[pinned], 0], logp_out[rows[pinned], 0] = forced[pinned], 0.0
             logp_out[rows[pinned], 1:] = -np.inf
+
+
+def _boost(x: np.ndarray, at: np.ndarray, rows: np.ndarray, c: RowControls) -> None:
+    """Each row's glossary bonus on its boosted tokens' scores, in place: x[at[j]] holds slot rows[j]. A
+    token with no score left (-inf: banned) stays banned."""
+    r, k = np.nonzero(c.boost[rows] >= 0)
+    if len(r):
+        x[at[r], c.boost[rows[r], k]] += c.boost_value[rows[r]]
 
 
 def _no_nan(x: np.ndarray) -> np.ndarray:

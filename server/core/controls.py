@@ -9,8 +9,11 @@ they read are the slot cache's: each row's inputs so far). Plain greedy requests
 """
 from __future__ import annotations
 
+import numpy as np
+
 from server.core.choose import BEAM, SAMPLE, RowControls
 from server.core.request import GenerationRules
+from server.glossary.enforce import SETTINGS as TERMS
 
 
 def step_controls(running: list, rows: int, rules: GenerationRules) -> RowControls:
@@ -19,6 +22,7 @@ def step_controls(running: list, rows: int, rules: GenerationRules) -> RowContro
     c = RowControls.greedy(rows)
     force_eos, eos_id = rules.force_eos_at_limit, rules.eos_id
     ctl: list[tuple] = []  # (slot, penalty, n-gram size, no unk, no EOS yet): set in one pass at the end
+    boosts: list[tuple[int, list[int]]] = []  # glossary terms pending: (slot, their first tokens)
     for state in running:
         if state.plain:
             continue
@@ -32,6 +36,13 @@ def step_controls(running: list, rows: int, rules: GenerationRules) -> RowContro
                 c.forced[slots] = (job.forced + job.prefix)[state.step]
             elif force_eos and state.step == job.max_len - 1 + n_forced:
                 c.forced[slots] = eos_id
+            elif state.terms is not None:  # each beam row writes, or may begin, its pending terms
+                for slot, progress in zip(slots, state.progress):
+                    tok = state.terms.forced(progress)
+                    if tok >= 0:
+                        c.forced[slot] = tok
+                    elif progress.pending:
+                        boosts.append((slot, state.terms.boosted(progress)))
             if p.controlled:  # the histories are the slot cache's (each row's inputs so far)
                 row = (p.repetition_penalty, p.no_repeat_ngram_size, p.no_unknown_token,
                        state.step - n_forced - n_prefix < p.min_output_tokens)
@@ -55,12 +66,21 @@ def step_controls(running: list, rows: int, rules: GenerationRules) -> RowContro
                 c.rank[slot] = i
             elif force_eos and len(state.tokens[i]) == job.max_len - 1:
                 c.forced[slot] = eos_id
+            elif state.terms is not None and state.terms.forced(state.progress[i]) >= 0:
+                c.forced[slot] = state.terms.forced(state.progress[i])  # a glossary term begun: its next token
             elif p.sampling:
                 c.kind[slot], c.temperature[slot], c.top_k[slot], c.top_p[slot] = \
                     SAMPLE, p.temperature, p.top_k, p.top_p
                 c.noise[slot] = state.rngs[i].random()  # one draw per row and step: batch-invariant
+            if state.terms is not None and c.forced[slot] < 0 and state.progress[i].pending:
+                boosts.append((slot, state.terms.boosted(state.progress[i])))
     if ctl:
         slots, penalty, ngram, unk, eos = zip(*ctl)
         slots = list(slots)
         c.penalty[slots], c.no_repeat[slots], c.ban_unk[slots], c.ban_eos[slots] = penalty, ngram, unk, eos
+    if boosts:
+        c.boost = np.full((rows, max(len(t) for _, t in boosts)), -1, np.int64)
+        for slot, tokens in boosts:
+            c.boost[slot, :len(tokens)] = tokens
+        c.boost_value[[slot for slot, _ in boosts]] = TERMS.bonus
     return c

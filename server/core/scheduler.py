@@ -30,6 +30,7 @@ from server.core.request import EmbedJob, FinishEvent, FinishReason, GenerationR
 from server.core.choose import Choices, RowControls, make_rng
 from server.core.controls import step_controls
 from server.core.runaway import RunawayGuard
+from server.glossary.enforce import Progress, TermSet, end_candidates, term_set
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,10 @@ class Running:
     step: int = 0
     plain: bool = False  # greedy, unscored, nothing forced: the engine's default choice, no controls to set
     scored: bool = False  # track log-probabilities: asked for, or needed to rank several hypotheses
+    # Glossary terms the job must write (server/glossary/enforce.py), and each row's progress on them
+    # (per hypothesis, or per beam row: reordered with the beam).
+    terms: Optional[TermSet] = None
+    progress: list[Progress] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.scored = self.job.scores or len(self.rows) > 1
@@ -169,8 +174,11 @@ class Scheduler:
             state.live, state.ended_by_eos, state.guarded = [True] * n, [False] * n, [False] * n
             state.kept = [0] * n
             state.rngs = [make_rng(p.seed, i) if p.sampling else None for i in range(n)]
+        state.terms = term_set(job.terms, self.rules.pieces)
+        if state.terms is not None:
+            state.progress = [state.terms.start()] * len(rows)
         state.plain = state.beam is None and not (p.sampling or state.scored or job.forced or job.prefix
-                                                   or p.controlled or self.rules.force_eos_at_limit)
+                                                   or p.controlled or self.rules.force_eos_at_limit or job.terms)
         self.running.append(state)
         self.m.input_tokens.inc(len(job.src_ids))
         self.m.running.set(len(self.running))
@@ -221,11 +229,16 @@ class Scheduler:
                 continue
             if state.scored:
                 state.logprob[i] += logprobs[row.slot]
+            if state.terms is not None:  # ending with glossary terms pending: the first one is written instead
+                tok, state.progress[i] = state.terms.instead_of_end(state.progress[i], tok, self.eos_id,
+                                                                    job.max_len - len(state.tokens[i]))
             if tok == self.eos_id:
                 state.live[i], state.ended_by_eos[i] = False, True
             else:
                 state.tokens[i].append(tok)
                 row.token = tok
+                if state.terms is not None:
+                    state.progress[i] = state.terms.advance(state.progress[i], tok)
                 if i == 0 and job.stream:
                     state.unsent.append(tok)
                 out = state.tokens[i]
@@ -270,10 +283,16 @@ class Scheduler:
         slots = [r.slot for r in state.rows]
         n_forced = len(job.forced)
         last = state.step == job.max_len - 1 + n_forced
-        parents, tokens = state.beam.advance_candidates(choices.beam_ids[slots], choices.beam_logp[slots],
-                                                        state.step, last)
+        ids, logp, held = choices.beam_ids[slots], choices.beam_logp[slots], {}
+        if state.terms is not None and state.step >= n_forced:  # no hypothesis ends with a term missing
+            ids, logp, held = end_candidates(state.terms, state.progress, ids, logp, self.eos_id,
+                                             job.max_len + n_forced - state.step)
+        parents, tokens = state.beam.advance_candidates(ids, logp, state.step, last)
         if state.step >= n_forced:
             self._observe_token(job, now)
+            if state.terms is not None:  # each new beam row continues its parent's progress
+                state.progress = [state.terms.advance(held.get((p, t), state.progress[p]), t)
+                                  for p, t in zip(parents.tolist(), tokens.tolist())]
         guarded = not state.beam.finished and self.guard.tripped(state.beam.history[0], len(job.src_ids), n_forced)
         if guarded:  # the best live beam loops: end with what the beam has
             state.beam.stop(state.step)

@@ -58,6 +58,8 @@ class JobSpec(msgspec.Struct, array_like=True):
     stream: bool = False
     forced: tuple[int, ...] = ()
     prefix: tuple[int, ...] = ()
+    # Glossary terms (server/core/request.py Job.terms): (spellings as written, other spellings, text forms).
+    terms: tuple[tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...], tuple[str, ...]], ...] = ()
 
 
 # -- frontend -> core ---------------------------------------------------------------

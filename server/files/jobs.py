@@ -80,6 +80,7 @@ class Job:
     started: float = 0.0
     finished: float = 0.0
     ended: asyncio.Event = field(default_factory=asyncio.Event)
+    glossary_id: str = ""  # a glossary of the owner's key, applied to every segment (server/glossary/)
 
     def seconds_remaining(self, now: float) -> int:
         if self.status in ("done", "error"):
@@ -135,7 +136,7 @@ class Jobs:
 
     # -- submitting -----------------------------------------------------------------------
     async def submit(self, filename: str, data: bytes, source: str, target: str, caller: Caller,
-                     owner: Optional[str]) -> Job:
+                     owner: Optional[str], glossary_id: str = "") -> Job:
         """Checks and reads the file (FileError), makes room (Full) and queues the job."""
         fmt = format_of(filename)
         self._room(len(data))
@@ -147,7 +148,7 @@ class Jobs:
         job = Job(id=secrets.token_hex(16).upper(), key=secrets.token_hex(32).upper(), owner=owner,
                   filename=filename, format=fmt, document=document, source=source, target=target,
                   caller=dataclasses.replace(caller, timeout=CALL_TIMEOUT_S), total=len(document.segments),
-                  billed=billed, size=len(data), created=self.clock())
+                  billed=billed, size=len(data), created=self.clock(), glossary_id=glossary_id)
         self.jobs[job.id] = job
         self._start()
         self.queue.put_nowait(job)

@@ -31,6 +31,7 @@ from starlette.routing import Route
 from server.http.deepl import DeepLApi
 from server.http.documents import DocumentsApi
 from server.http.edge import Edge
+from server.http.glossaries import GlossaryApi
 from server.http.guard import HttpGuard, api_of, error_body
 from server.http.libre import LibreTranslateApi
 from server.http.native import NativeApi, error_response
@@ -47,7 +48,7 @@ class HttpFrontend:
         self._task: Optional[asyncio.Task] = None
         routes = [Route("/healthz", self.healthz, methods=["GET", "HEAD"]),
                   Route("/readyz", self.readyz, methods=["GET", "HEAD"])]
-        for api in (NativeApi(edge), DeepLApi(edge), LibreTranslateApi(edge), DocumentsApi(edge)):
+        for api in (NativeApi(edge), DeepLApi(edge), LibreTranslateApi(edge), DocumentsApi(edge), GlossaryApi(edge)):
             routes += api.routes()
         # HttpGuard (server/http/guard.py) turns a handler's exception into a counted 500 that keeps the
         # connection; Starlette's own error middleware would send it and then re-raise.

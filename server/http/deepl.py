@@ -2,7 +2,8 @@
 
     POST /v2/translate          text[], target_lang, source_lang?, split_sentences, tag_handling,
                                 preserve_formatting, formality, context, model_type, ignore_tags,
-                                splitting_tags, non_splitting_tags, outline_detection (JSON or form body)
+                                splitting_tags, non_splitting_tags, outline_detection, glossary_id (with
+                                source_lang; docs/glossaries.md) (JSON or form body)
     GET|POST /v2/languages      ?type=source|target
     GET|POST /v2/usage          characters translated with the caller's key
 
@@ -51,7 +52,8 @@ MODEL_TYPES = {"quality_optimized": "quality_optimized", "prefer_quality_optimiz
                "latency_optimized": "latency_optimized"}
 # Accepted and without effect here: what DeepL uses to tune its own models.
 IGNORED = {"show_billed_characters", "tag_handling_version", "preserve_formatting", "auth_key"}
-UNSUPPORTED = {"glossary_id": "glossaries", "style_id": "style rules", "custom_instructions": "custom instructions",
+UNSUPPORTED = {"glossary_ids": "several glossaries", "style_id": "style rules",
+               "custom_instructions": "custom instructions",
                "translation_memory_id": "translation memories"}
 # /v2/usage of a key without a character quota: what DeepL reports when no limit is set (a limit of
 # 0 would make its clients report the limit reached).
@@ -159,6 +161,9 @@ class DeepLApi:
         unsupported = [what for name, what in UNSUPPORTED.items() if params.has(name)]
         if unsupported:
             raise BadParam(f"{', '.join(unsupported)} are not supported by this server")
+        glossary_id = params.text("glossary_id") or ""
+        if glossary_id and not source:  # as DeepL: a glossary is for one language pair
+            raise BadParam("Parameter 'source_lang' is required when 'glossary_id' is given.")
         tags = (params.text("tag_handling") or "").lower()
         if tags not in ("", "html", "xml"):
             raise BadParam(f"Value for 'tag_handling' not supported: {tags!r} (html or xml)")
@@ -184,7 +189,8 @@ class DeepLApi:
         # planner does with SPLIT_SENTENCES_ON. (Plain text keeps NEWLINES, one unit a line: the plain
         # planner has no mode that reads a newline as a space.)
         mode = pb.SPLIT_SENTENCES_ON if tags and split == "nonewlines" else SPLIT[split]
-        ask = Ask(texts=texts, source=from_deepl(source), target=from_deepl(target), html=bool(tags), split=mode)
+        ask = Ask(texts=texts, source=from_deepl(source), target=from_deepl(target), html=bool(tags), split=mode,
+                  glossary_id=glossary_id)
         return Parsed(ask, [len(t) for t in texts], MODEL_TYPES.get(model_type or ""),
                       xml if tags == "xml" else None)
 

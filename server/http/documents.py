@@ -124,7 +124,7 @@ class DocumentsApi:
     # -- what every API shares --------------------------------------------------------------
     async def _translate(self, job: Job, texts: list[str]) -> list[str]:
         ask = Ask(texts=texts, source=job.source, target=job.target, html=job.document.markup,
-                  split=pb.SPLIT_SENTENCES_ON)
+                  split=pb.SPLIT_SENTENCES_ON, glossary_id=job.glossary_id)
         return [r.text for r in await translate(self.edge, ask, job.caller)]
 
     async def _detect(self, job: Job, sample: str) -> str:
@@ -190,14 +190,15 @@ class DocumentsApi:
             if formality in ("more", "less"):
                 raise BadParam(f"Target language {target.upper()!r} does not support formality: send "
                                "formality=default, prefer_more or prefer_less")
-            if upload.get("glossary_id"):
-                raise BadParam("glossaries are not supported for documents by this server")
+            glossary_id = upload.get("glossary_id") or ""
+            if glossary_id and not source:
+                raise BadParam("Value for 'source_lang' is required when using a glossary")
             wanted = (upload.get("output_format") or "").lower().lstrip(".")
             if wanted and "." + wanted not in _extensions(filename):
                 raise BadParam(f"Value for 'output_format' not supported: {wanted!r} (a document comes back in "
                                "its own format)")
             job = await self.jobs.submit(filename, upload.data, source, target,
-                                         self.edge.caller(request, key), owner)
+                                         self.edge.caller(request, key), owner, glossary_id)
         except BadParam as e:
             return count(deepl.error(400, str(e)))
         except FileError as e:

@@ -38,6 +38,7 @@ class Ask:
     html: bool = False
     split: int = pb.SPLIT_SENTENCES_ON
     alternatives: int = 0
+    glossary_id: str = ""  # a glossary of the caller's key (server/glossary/); needs `source`
 
 
 async def detect(edge: Edge, texts: list[str], html: bool) -> list[Detection]:
@@ -79,4 +80,5 @@ async def _call(edge: Edge, ask: Ask, source: str, texts: list[str], caller: Cal
                                   split_sentences=ask.split, mime_type="text/html" if ask.html else "")
     if ask.alternatives:
         request.options.alternatives = ask.alternatives + 1  # the translation itself, then its alternatives
+    request.glossary_id = ask.glossary_id
     return await edge.gateway.unary("Translate", request, caller)

@@ -93,8 +93,8 @@ def test_every_v2_and_v3_path_answers_in_deepls_shape(srv):
         assert isinstance(r.json()["message"], str) and path in r.json()["message"]
     assert "POST" in httpx.get(f"{srv.http}/v2/translate", timeout=30).headers["allow"]
     # The library reads DeepL's message: its exception says what the server said.
-    with pytest.raises(deepl.DeepLException, match="Not found, message: .*glossary-language-pairs"):
-        deepl.Translator(KEY, server_url=srv.http).get_glossary_languages()
+    with pytest.raises(deepl.DeepLException, match="Not found, message: .*style_rules"):
+        deepl.DeepLClient(KEY, server_url=srv.http).get_all_style_rules()
     # The other APIs keep their own shapes.
     r = httpx.get(f"{srv.http}/translate", timeout=30)
     assert r.status_code == 405 and isinstance(r.json()["error"], str)

@@ -64,7 +64,7 @@ class DecodingOptions(_message.Message):
     def __init__(self, beam_size: _Optional[int] = ..., length_penalty: _Optional[float] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., max_output_tokens: _Optional[int] = ..., num_hypotheses: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., no_repeat_ngram_size: _Optional[int] = ..., min_output_tokens: _Optional[int] = ..., no_unknown_token: _Optional[bool] = ..., target_prefix: _Optional[str] = ..., alternatives: _Optional[int] = ...) -> None: ...
 
 class TranslateRequest(_message.Message):
-    __slots__ = ("model", "texts", "options", "return_scores", "return_tokens", "source_language", "target_language", "split_sentences", "mime_type")
+    __slots__ = ("model", "texts", "options", "return_scores", "return_tokens", "source_language", "target_language", "split_sentences", "mime_type", "glossary_id", "glossary_entries")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TEXTS_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
@@ -74,6 +74,8 @@ class TranslateRequest(_message.Message):
     TARGET_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
     SPLIT_SENTENCES_FIELD_NUMBER: _ClassVar[int]
     MIME_TYPE_FIELD_NUMBER: _ClassVar[int]
+    GLOSSARY_ID_FIELD_NUMBER: _ClassVar[int]
+    GLOSSARY_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     model: str
     texts: _containers.RepeatedScalarFieldContainer[str]
     options: DecodingOptions
@@ -83,7 +85,29 @@ class TranslateRequest(_message.Message):
     target_language: str
     split_sentences: SplitSentences
     mime_type: str
-    def __init__(self, model: _Optional[str] = ..., texts: _Optional[_Iterable[str]] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., return_scores: _Optional[bool] = ..., return_tokens: _Optional[bool] = ..., source_language: _Optional[str] = ..., target_language: _Optional[str] = ..., split_sentences: _Optional[_Union[SplitSentences, str]] = ..., mime_type: _Optional[str] = ...) -> None: ...
+    glossary_id: str
+    glossary_entries: _containers.RepeatedCompositeFieldContainer[GlossaryEntry]
+    def __init__(self, model: _Optional[str] = ..., texts: _Optional[_Iterable[str]] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., return_scores: _Optional[bool] = ..., return_tokens: _Optional[bool] = ..., source_language: _Optional[str] = ..., target_language: _Optional[str] = ..., split_sentences: _Optional[_Union[SplitSentences, str]] = ..., mime_type: _Optional[str] = ..., glossary_id: _Optional[str] = ..., glossary_entries: _Optional[_Iterable[_Union[GlossaryEntry, _Mapping]]] = ...) -> None: ...
+
+class GlossaryEntry(_message.Message):
+    __slots__ = ("source", "target")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    target: str
+    def __init__(self, source: _Optional[str] = ..., target: _Optional[str] = ...) -> None: ...
+
+class GlossaryHit(_message.Message):
+    __slots__ = ("source", "target", "occurrences", "applied")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    OCCURRENCES_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    target: str
+    occurrences: int
+    applied: bool
+    def __init__(self, source: _Optional[str] = ..., target: _Optional[str] = ..., occurrences: _Optional[int] = ..., applied: _Optional[bool] = ...) -> None: ...
 
 class Timings(_message.Message):
     __slots__ = ("queue_seconds", "first_token_seconds", "total_seconds")
@@ -108,20 +132,22 @@ class Hypothesis(_message.Message):
     def __init__(self, text: _Optional[str] = ..., score: _Optional[float] = ..., token_ids: _Optional[_Iterable[int]] = ..., tokens: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Translation(_message.Message):
-    __slots__ = ("hypotheses", "finish_reason", "input_tokens", "output_tokens", "timings", "sentences")
+    __slots__ = ("hypotheses", "finish_reason", "input_tokens", "output_tokens", "timings", "sentences", "glossary_hits")
     HYPOTHESES_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     SENTENCES_FIELD_NUMBER: _ClassVar[int]
+    GLOSSARY_HITS_FIELD_NUMBER: _ClassVar[int]
     hypotheses: _containers.RepeatedCompositeFieldContainer[Hypothesis]
     finish_reason: FinishReason
     input_tokens: int
     output_tokens: int
     timings: Timings
     sentences: int
-    def __init__(self, hypotheses: _Optional[_Iterable[_Union[Hypothesis, _Mapping]]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., sentences: _Optional[int] = ...) -> None: ...
+    glossary_hits: _containers.RepeatedCompositeFieldContainer[GlossaryHit]
+    def __init__(self, hypotheses: _Optional[_Iterable[_Union[Hypothesis, _Mapping]]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., sentences: _Optional[int] = ..., glossary_hits: _Optional[_Iterable[_Union[GlossaryHit, _Mapping]]] = ...) -> None: ...
 
 class TranslateResponse(_message.Message):
     __slots__ = ("model", "translations", "detected_source_language", "detection_confidence")
@@ -136,7 +162,7 @@ class TranslateResponse(_message.Message):
     def __init__(self, model: _Optional[str] = ..., translations: _Optional[_Iterable[_Union[Translation, _Mapping]]] = ..., detected_source_language: _Optional[str] = ..., detection_confidence: _Optional[float] = ...) -> None: ...
 
 class TranslateStreamRequest(_message.Message):
-    __slots__ = ("model", "text", "options", "source_language", "target_language", "split_sentences", "mime_type")
+    __slots__ = ("model", "text", "options", "source_language", "target_language", "split_sentences", "mime_type", "glossary_id", "glossary_entries")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
@@ -144,6 +170,8 @@ class TranslateStreamRequest(_message.Message):
     TARGET_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
     SPLIT_SENTENCES_FIELD_NUMBER: _ClassVar[int]
     MIME_TYPE_FIELD_NUMBER: _ClassVar[int]
+    GLOSSARY_ID_FIELD_NUMBER: _ClassVar[int]
+    GLOSSARY_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     model: str
     text: str
     options: DecodingOptions
@@ -151,10 +179,12 @@ class TranslateStreamRequest(_message.Message):
     target_language: str
     split_sentences: SplitSentences
     mime_type: str
-    def __init__(self, model: _Optional[str] = ..., text: _Optional[str] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., source_language: _Optional[str] = ..., target_language: _Optional[str] = ..., split_sentences: _Optional[_Union[SplitSentences, str]] = ..., mime_type: _Optional[str] = ...) -> None: ...
+    glossary_id: str
+    glossary_entries: _containers.RepeatedCompositeFieldContainer[GlossaryEntry]
+    def __init__(self, model: _Optional[str] = ..., text: _Optional[str] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., source_language: _Optional[str] = ..., target_language: _Optional[str] = ..., split_sentences: _Optional[_Union[SplitSentences, str]] = ..., mime_type: _Optional[str] = ..., glossary_id: _Optional[str] = ..., glossary_entries: _Optional[_Iterable[_Union[GlossaryEntry, _Mapping]]] = ...) -> None: ...
 
 class TranslateStreamResponse(_message.Message):
-    __slots__ = ("delta", "token_ids", "final", "finish_reason", "input_tokens", "output_tokens", "timings", "model", "detected_source_language", "detection_confidence")
+    __slots__ = ("delta", "token_ids", "final", "finish_reason", "input_tokens", "output_tokens", "timings", "model", "detected_source_language", "detection_confidence", "glossary_hits")
     DELTA_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     FINAL_FIELD_NUMBER: _ClassVar[int]
@@ -165,6 +195,7 @@ class TranslateStreamResponse(_message.Message):
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DETECTED_SOURCE_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
     DETECTION_CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    GLOSSARY_HITS_FIELD_NUMBER: _ClassVar[int]
     delta: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     final: bool
@@ -175,7 +206,8 @@ class TranslateStreamResponse(_message.Message):
     model: str
     detected_source_language: str
     detection_confidence: float
-    def __init__(self, delta: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., final: _Optional[bool] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., model: _Optional[str] = ..., detected_source_language: _Optional[str] = ..., detection_confidence: _Optional[float] = ...) -> None: ...
+    glossary_hits: _containers.RepeatedCompositeFieldContainer[GlossaryHit]
+    def __init__(self, delta: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., final: _Optional[bool] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., model: _Optional[str] = ..., detected_source_language: _Optional[str] = ..., detection_confidence: _Optional[float] = ..., glossary_hits: _Optional[_Iterable[_Union[GlossaryHit, _Mapping]]] = ...) -> None: ...
 
 class EmbedRequest(_message.Message):
     __slots__ = ("model", "texts", "normalize")

@@ -1,0 +1,132 @@
+"""Glossary terms in decoding: the per-row bookkeeping (server/glossary/enforce.py), the bonus in token
+choice (server/core/choose.py), and whole jobs through the real scheduler, engine and chooser around
+the scripted runtime of tests/unit/test_engine_core_scripted.py (greedy, beam, sampling; untouched
+rows; batch invariance)."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from server.core.choose import RowControls, TokenChooser
+from server.core.request import GenerationRules
+from server.glossary import enforce
+from server.glossary.enforce import TermSet, vocabulary
+from tests.unit.test_engine_core_scripted import BOS, EOS, Bench, ScriptedRuntime, says
+
+# Token texts for the scripted model's 100 ids: "▁w<i>" unless named here.
+NAMED = {40: "\u2581Dr", 41: "aht", 42: "esel", 43: "esel.", 44: ".", 45: "\u2581Drahtesel", 46: "\u2581Gasse",
+         47: "\u2581Gasse.", 48: "\u2581weg", 49: "\u2581weg.", 90: "\u2581Rad", 91: "ler"}
+PIECES = tuple(NAMED.get(i, f"\u2581w{i}") for i in range(100))
+DRAHTESEL = (((40, 41, 42), (40, 41, 43)), (), ("Drahtesel",))
+GASSE = (((46,), (47,)), (), ("Gasse",))
+RADLER = (((90, 91),), (), ("Radler",))
+
+
+@pytest.fixture(autouse=True)
+def settings():
+    saved = dataclasses.replace(enforce.SETTINGS)
+    yield enforce.SETTINGS
+    enforce.SETTINGS.bonus, enforce.SETTINGS.at_eos = saved.bonus, saved.at_eos
+
+
+def text(tokens) -> str:
+    return "".join(PIECES[t] for t in tokens).replace("\u2581", " ").strip()
+
+
+# -- bookkeeping ---------------------------------------------------------------------------------
+def test_a_begun_term_is_forced_to_its_end_and_text_counts_however_spelled():
+    terms = TermSet((DRAHTESEL, GASSE), vocabulary(PIECES))
+    p = terms.start()
+    assert terms.boosted(p) == [40, 46, 47] and terms.forced(p) == -1
+    p = terms.advance(p, 40)  # the model began "Drahtesel": the rest is forced
+    assert (terms.forced(p), terms.boosted(p)) == (41, [])
+    p = terms.advance(terms.advance(p, 41), 42)
+    assert p.pending == (1,) and terms.forced(p) == -1
+    q = terms.advance(terms.advance(terms.start(), 45), 48)  # written as one token of its own: counted as text
+    assert q.pending == (1,)
+    assert terms.advance(q, 47).pending == ()  # "Gasse." spelled with its full stop
+
+
+def test_endings_write_the_pending_terms_first():
+    terms = TermSet((DRAHTESEL,), vocabulary(PIECES))
+    p = terms.advance(terms.start(), 48)
+    token, held = terms.instead_of_end(p, EOS, EOS)  # end of sequence: the term, then EOS
+    assert token == 40 and held.end == EOS
+    p = held
+    for t in (40, 41, 42):
+        p = terms.advance(p, t)
+    assert terms.forced(p) == EOS
+    token, held = terms.instead_of_end(terms.advance(terms.start(), 48), 44, EOS)  # ".": the term, then "."
+    assert (token, held.end) == (40, 44)
+    token, same = terms.instead_of_end(terms.start(), 49, EOS)  # "▁weg." -> "▁weg", the term, then "."
+    assert token == 48 and same.end == 44
+    fresh = terms.advance(terms.start(), 48)
+    assert terms.instead_of_end(fresh, EOS, EOS, room=4)[0] == EOS  # no room for the term and the ending
+    assert terms.instead_of_end(fresh, EOS, EOS, room=5)[0] == 40
+    written = terms.advance(terms.start(), 45)
+    assert terms.instead_of_end(written, EOS, EOS)[0] == EOS  # nothing pending: ends as chosen
+    enforce.SETTINGS.at_eos = "off"
+    assert terms.instead_of_end(terms.start(), EOS, EOS) == (EOS, terms.start())
+
+
+def test_text_at_the_end_is_whole_only_when_the_row_ends():
+    terms = TermSet((GASSE,), vocabulary(PIECES))
+    p = terms.advance(terms.start(), 46)  # "▁Gasse" begins and ends the term: written by its tokens
+    assert p.pending == ()
+    drahtesel = TermSet((DRAHTESEL,), vocabulary(PIECES))
+    p = drahtesel.advance(drahtesel.start(), 45)  # "Drahtesel" as text, at the end: could still grow ...
+    assert p.pending == (0,)
+    assert drahtesel.instead_of_end(p, EOS, EOS)[0] == EOS  # ... but the row ends here: it is written
+
+
+# -- token choice --------------------------------------------------------------------------------
+def test_the_bonus_is_per_row_and_batch_invariant():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(4, 100)).astype(np.float32)
+    logits[:, 7] += 3.0  # every row's favourite
+    c = RowControls.greedy(4)
+    c.boost = np.array([[11, -1], [-1, -1], [12, 13], [-1, -1]])
+    c.boost_value[[0, 2]] = 20.0
+    chooser = TokenChooser(eos_id=EOS)
+    together = chooser.choose(logits.copy(), c).token
+    assert together.tolist()[1] == 7 and together[0] == 11 and together[2] in (12, 13) and together[3] == 7
+    alone = [chooser.choose(logits[i:i + 1].copy(), c.take(slice(i, i + 1))).token[0] for i in range(4)]
+    assert alone == together.tolist()
+
+
+# -- whole jobs ----------------------------------------------------------------------------------
+def bench(**kw) -> Bench:
+    return Bench(rules=GenerationRules(EOS, start_id=BOS, pieces=PIECES), **kw)
+
+
+def test_greedy_beam_and_sampling_write_the_terms(settings):
+    b = bench()
+    jobs = [b.job((10, 11, 12), terms=(DRAHTESEL,)), b.job((10, 11, 12), terms=(DRAHTESEL,), beam_size=2),
+            b.job((10, 11, 12), terms=(DRAHTESEL,), temperature=0.5, seed=1), b.job((10, 11, 12))]
+    b.submit(*jobs)
+    b.run()
+    for job in jobs[:3]:
+        assert text(b.tokens(job)) == "w10 w11 w12 Drahtesel", job.params
+    assert b.tokens(jobs[3]) == [10, 11, 12]
+    settings.bonus = 3.0  # the runner-up "▁Rad" (6.0 against 8.0) now wins: the term begins there
+    b = bench()
+    job = b.submit(b.job((10, 11, 12), terms=(RADLER,)))
+    b.run()
+    assert text(b.tokens(job)) == "Radler w12"
+
+
+def test_rows_without_terms_decode_as_without_and_batches_change_nothing():
+    def run(*specs):
+        b = bench(runtime=ScriptedRuntime({(20, 21): says(30, 31, 32, 33)}), slots=12)
+        jobs = [b.job(src, **kw) for src, kw in specs]
+        b.submit(*jobs)
+        b.run()
+        return [b.tokens(j) for j in jobs]
+    specs = [((10, 11, 12), {"terms": (DRAHTESEL, GASSE)}), ((20, 21), {}), ((20, 21), {"terms": ()}),
+             ((10, 11), {"terms": (GASSE,), "beam_size": 3}), ((14, 15, 16), {"terms": (RADLER,)})]
+    together = run(*specs)
+    assert together == [run(spec)[0] for spec in specs]
+    assert together[1] == together[2] == [30, 31, 32, 33]
+    assert text(together[0]) == "w10 w11 w12 Drahtesel Gasse"

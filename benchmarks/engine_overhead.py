@@ -3,6 +3,8 @@
     python -m benchmarks.engine_overhead [--rows 64,256] [--steps 300] [--mode greedy,sampling,beam4]
         [--model model_repository/multi30k-en-de-small] [--tiny] [--out docs/benchmarks/engine_overhead.md]
 
+--out rewrites its question's section of the page (modes, variants, rows), keeping the others.
+
 The engine loop is driven by hand (no thread, no gRPC, no asyncio): jobs with long outputs (the
 runaway guard off, max_output_tokens large) keep about R rows decoding (finished ones are replaced
 between iterations, outside the timing), and every iteration is timed: "Python per step" is its
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.harness import machine
+from benchmarks.harness import date_line, machine, machine_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -159,7 +161,9 @@ def main(argv=None) -> int:
                    help="measure every mode this many times, the modes' order rotating each round (the machine's "
                         "drift hits all alike); cells report the median, and the last column each mode's tokens/s "
                         "over the first mode's, the median of the per-round ratios")
-    p.add_argument("--out", default="", help="append a markdown table here")
+    p.add_argument("--out", default="", help="write the table into this page (docs/benchmarks/engine_overhead.md): "
+                                            "the section of this question (modes, variants, rows) is replaced, "
+                                            "or added, and the page's other sections are kept")
     args = p.parse_args(argv)
     from models.core.bundle import newest_version
     with tempfile.TemporaryDirectory() as tmp:
@@ -198,10 +202,25 @@ def main(argv=None) -> int:
                 print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"
     if args.out:
-        with open(args.out, "a") as f:
-            f.write("\n" + text)
+        heading = (f"## Run: modes {','.join(args.mode)}; variants {','.join(args.variants)}; "
+                   f"rows {','.join(map(str, args.rows))}")
+        write_section(Path(args.out), heading, f"{date_line(m)}\n\n{machine_line(m=m)}\n\n{text}")
     print(text)
     return 0
+
+
+def write_section(page: Path, heading: str, body: str) -> None:
+    """Replace the section under `heading` (up to the next `## `) with `body`, or add it at the end: the
+    page keeps the latest run of each question, one section each, and no history (that is in git)."""
+    text = page.read_text() if page.exists() else "# Engine overhead: ONNX Runtime vs the Python around it\n"
+    lines = text.splitlines()
+    if heading in lines:
+        start = lines.index(heading)
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        lines[start:end] = [heading, "", *body.rstrip("\n").splitlines(), ""]
+    else:
+        lines += ["", heading, "", *body.rstrip("\n").splitlines()]
+    page.write_text("\n".join(lines).rstrip("\n") + "\n")
 
 
 if __name__ == "__main__":

@@ -337,14 +337,21 @@ class DocumentsApi:
             return count(error_response(429, "RESOURCE_EXHAUSTED", str(e), headers={"Retry-After": "5"}))
         return count(JSONResponse(self._native_job(job)))
 
-    async def native_status(self, request: Request) -> Response:
-        count = lambda r: self.edge.count("native", "GetFile", r)  # noqa: E731
+    def _native_job_of(self, request: Request) -> tuple[Optional[Job], Optional[Response]]:
+        """(the caller's job named in the path, None) or (None, the refusal: no key, or no such job)."""
         owner, refused = self._native_owner(request)
         if refused is not None:
-            return count(refused)
+            return None, refused
         job = self._owned(request.path_params["ident"], owner)
         if job is None:
-            return count(error_response(404, "NOT_FOUND", "no such file job (expired, downloaded or never made)"))
+            return None, error_response(404, "NOT_FOUND", "no such file job (expired, downloaded or never made)")
+        return job, None
+
+    async def native_status(self, request: Request) -> Response:
+        count = lambda r: self.edge.count("native", "GetFile", r)  # noqa: E731
+        job, refused = self._native_job_of(request)
+        if refused is not None:
+            return count(refused)
         if request.method == "DELETE":
             self.jobs.jobs.pop(job.id, None)
             return count(JSONResponse({}))
@@ -352,12 +359,9 @@ class DocumentsApi:
 
     async def native_content(self, request: Request) -> Response:
         count = lambda r: self.edge.count("native", "GetFileContent", r)  # noqa: E731
-        owner, refused = self._native_owner(request)
+        job, refused = self._native_job_of(request)
         if refused is not None:
             return count(refused)
-        job = self._owned(request.path_params["ident"], owner)
-        if job is None:
-            return count(error_response(404, "NOT_FOUND", "no such file job (expired, downloaded or never made)"))
         if job.status != "done":
             message = job.error if job.status == "error" else f"the file is not translated yet ({job.status})"
             return count(error_response(400, "FAILED_PRECONDITION", message))

@@ -20,6 +20,28 @@ MODEL = "multi30k-en-de-small"
 LONG = dict(max_output_tokens=250, min_output_tokens=250, temperature=5.0, seed=1)  # ~250 steps each
 
 
+class Readiness:
+    """Readiness sampled every 20 ms on a thread while the block runs: the list of what it said."""
+
+    def __init__(self, target: str):
+        self.target, self.seen, self.done = target, [], threading.Event()
+        self.thread = threading.Thread(target=self._watch)
+
+    def _watch(self) -> None:
+        with TranslatorClient(self.target, timeout=10, retries=0) as probe:
+            while not self.done.is_set():
+                self.seen.append(probe.health())
+                time.sleep(0.02)
+
+    def __enter__(self) -> list[str]:
+        self.thread.start()
+        return self.seen
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
+        self.thread.join(30)
+
+
 def replica_of(srv, job_count_before: list[int]) -> int:
     """The replica whose link holds more jobs than before (a call just submitted)."""
     now = [len(m.link.jobs) for m in srv.app.core.members]
@@ -62,17 +84,7 @@ def test_a_killed_replica_fails_only_its_own_calls_and_comes_back(start_server):
             homes.append(replica_of(srv, counts))
         assert homes == [0, 0, 0, 1, 1, 1], homes
         victim = srv.app.core.members[0].pid
-        health: list[str] = []
-        watching = threading.Event()
-
-        def watch() -> None:  # readiness sampled throughout: it must never leave SERVING
-            with TranslatorClient(srv.target, timeout=10, retries=0) as probe:
-                while not watching.is_set():
-                    health.append(probe.health())
-                    time.sleep(0.02)
-        watcher = threading.Thread(target=watch)
-        watcher.start()
-        try:
+        with Readiness(srv.target) as health:
             os.kill(victim, signal.SIGKILL)
             with cf.ThreadPoolExecutor(6) as pool:
                 codes = [f.result(120)[0] for f in [pool.submit(read_to_end, s) for s in streams]]
@@ -80,9 +92,6 @@ def test_a_killed_replica_fails_only_its_own_calls_and_comes_back(start_server):
             assert wait_for(lambda: srv.app.core.members[0].pid not in (None, victim)
                             and srv.app.core.members[0].link.up, timeout=90)
             print(f"replica 0 back {time.monotonic() - t0:.2f} s after the other calls finished")
-        finally:
-            watching.set()
-            watcher.join(30)
         want = [grpc.StatusCode.UNAVAILABLE if home == 0 else grpc.StatusCode.OK for home in homes]
         assert codes == want, (codes, homes)
         assert health and set(health) == {"SERVING"}, set(health)
@@ -112,26 +121,13 @@ def test_with_the_default_flags_a_killed_replica_costs_only_its_calls():
             streams = [f.result(60)[0] for f in [pool.submit(opened, t) for t in texts]]
             running = [server_metric(server, "nmt_running_requests", model=MODEL, replica=str(i)) for i in (0, 1)]
             assert running[0] == 64 and running[1] == 6, running
-            health: list[str] = []
-            done = threading.Event()
-
-            def watch() -> None:
-                with TranslatorClient(server.target, timeout=10, retries=0) as probe:
-                    while not done.is_set():
-                        health.append(probe.health())
-                        time.sleep(0.02)
-            watcher = threading.Thread(target=watch)
-            watcher.start()
-            try:
+            with Readiness(server.target) as health:
                 os.kill(victim, signal.SIGKILL)
                 codes = [f.result(120)[0] for f in [pool.submit(read_to_end, s) for s in streams]]
                 assert wait_for(lambda: len([p for p in descendants(server.pid) if "server.coreprocess" in cmdline(p)
                                              and "frontend" not in cmdline(p)]) == len(cores), timeout=90)
                 assert wait_for(lambda: client.translate(["A dog."], model=MODEL).translations[0].hypotheses,
                                 timeout=30)
-            finally:
-                done.set()
-                watcher.join(30)
         assert codes.count(grpc.StatusCode.UNAVAILABLE) == 6 and codes.count(grpc.StatusCode.OK) == 64, codes
         assert set(health) == {"SERVING"}, set(health)
     finally:

@@ -5,6 +5,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from benchmarks.harness import date_line, machine_line
 from benchmarks.soak.record import Record
 
 
@@ -103,7 +104,8 @@ def render(s: dict, png_name: str) -> str:
              f"Command: `python -m benchmarks.soak {' '.join(cfg['argv'])}`. Target {cfg['target']}"
              f"{' (started by the harness: ' + ' '.join(cfg['server_flags']) + ')' if cfg['server_flags'] else ''}; "
              f"{cfg['duration']} s of load at concurrency {cfg['concurrency']}, seed {cfg['seed']}, "
-             f"{len(records)} calls in {s['wall_seconds']:.0f} s; machine: {cfg['machine']}.", "",
+             f"{len(records)} calls in {s['wall_seconds']:.0f} s.", "",
+             date_line(), "", machine_line(cfg["machine"]), "",
              "## Checks", "", "| check | result | gates the exit code | detail |", "|---|---|---|---|"]
     for c in s["checks"]:
         result = {True: "pass", False: "**FAIL**", None: "skipped"}[c["ok"]]

@@ -28,7 +28,9 @@ DEFAULT_REPOSITORY = default_repository()
 
 
 def physical_cores() -> int:
-    """Cores this process may run on, SMT siblings counted once (the size of ONNX Runtime's default pool)."""
+    """Cores this process may run on, SMT siblings counted once (the size of ONNX Runtime's default pool),
+    and no more than a container's CPU quota (a Kubernetes or Docker CPU limit leaves the affinity at
+    every core of the node: a replica per node core would oversubscribe the limit)."""
     cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
     cores = set()
     for cpu in cpus:
@@ -36,7 +38,19 @@ def physical_cores() -> int:
             cores.add(Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text().strip())
         except OSError:  # no topology (not Linux, a restricted container): count the CPU itself
             cores.add(str(cpu))
-    return max(1, len(cores))
+    quota = cpu_quota()
+    return max(1, min(len(cores), quota) if quota else len(cores))
+
+
+def cpu_quota(path: str = "/sys/fs/cgroup/cpu.max") -> int:
+    """The cgroup v2 CPU limit in whole CPUs, rounded up (0: none, or no cgroup v2 here)."""
+    try:
+        quota, period = Path(path).read_text().split()[:2]
+    except (OSError, ValueError):
+        return 0
+    if quota == "max":
+        return 0
+    return max(1, -(-int(quota) // int(period)))
 
 
 def _cuda_available() -> bool:

@@ -100,8 +100,9 @@ def test_container_args_and_env_are_real_server_settings(server, cfg):
         assert not arg.startswith("--") or arg.split("=")[0] in flags, arg
     for var in server.get("env", []):
         assert var["name"].startswith("NMT_") and var["name"][4:].lower() in ServerConfig.__dataclass_fields__, var
-    threads = next(v for v in server["env"] if v["name"] == "NMT_INTRA_OP_THREADS")["valueFrom"]["resourceFieldRef"]
-    assert threads["resource"] == "limits.cpu" and threads["containerName"] == server["name"]
+    replicas = next(v for v in server["env"] if v["name"] == "NMT_ENGINE_REPLICAS")["valueFrom"]["resourceFieldRef"]
+    assert replicas["resource"] == "limits.cpu" and replicas["containerName"] == server["name"]
+    assert next(v for v in server["env"] if v["name"] == "NMT_INTRA_OP_THREADS")["value"] == "1"
 
 
 def test_ports_and_probes_agree_with_the_server(pod, server, cfg, resources):

@@ -147,3 +147,21 @@ def test_physical_cores_counts_each_core_once():
     from server.config import physical_cores
     import os
     assert 1 <= physical_cores() <= len(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize("text,cpus", [("200000 100000\n", 2), ("150000 100000\n", 2), ("50000 100000\n", 1),
+                                       ("max 100000\n", 0), ("garbage\n", 0), (None, 0)])
+def test_a_containers_cpu_quota_bounds_the_default_replicas(tmp_path, monkeypatch, text, cpus):
+    """A CPU limit (cgroup v2 cpu.max) leaves the affinity at every core of the node: the default replica
+    count must follow the limit, rounded up, or a 2-CPU pod on a 64-core node would start 64 engines."""
+    import server.config as config
+    path = tmp_path / "cpu.max"
+    if text is not None:
+        path.write_text(text)
+    assert config.cpu_quota(str(path)) == cpus
+    monkeypatch.setattr(config, "cpu_quota", lambda: 0)
+    unlimited = config.physical_cores()
+    monkeypatch.setattr(config, "cpu_quota", lambda: cpus)
+    assert config.physical_cores() == (min(cpus, unlimited) if cpus else unlimited)
+    if cpus:  # and the default replica count follows it (one per core, the frontend sharing them)
+        assert config.ServerConfig(engine_core="process", frontends=1).replicas == min(cpus, unlimited)

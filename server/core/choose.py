@@ -281,6 +281,7 @@ class TokenChooser:
             empty = all_beam[~(beam_logp[all_beam, 0] > -np.inf)]
             beam_ids[empty, 0], beam_logp[empty, 0] = self.eos_id, NO_CHOICE_LOGP
         return Choices(token, logprob, beam_ids, beam_logp)
+
     def _process(self, x: np.ndarray, at: np.ndarray, rows: np.ndarray, c: RowControls,
                  history: Optional[np.ndarray], lengths: Optional[np.ndarray]) -> np.ndarray:
         """The decoding controls on rows' scores (logits, or log-probabilities for beam search), in

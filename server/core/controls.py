@@ -66,8 +66,8 @@ def step_controls(running: list, rows: int, rules: GenerationRules) -> RowContro
                 c.rank[slot] = i
             elif force_eos and len(state.tokens[i]) == job.max_len - 1:
                 c.forced[slot] = eos_id
-            elif state.terms is not None and state.terms.forced(state.progress[i]) >= 0:
-                c.forced[slot] = state.terms.forced(state.progress[i])  # a glossary term begun: its next token
+            elif state.terms is not None and (term_token := state.terms.forced(state.progress[i])) >= 0:
+                c.forced[slot] = term_token  # a glossary term begun: its next token
             elif p.sampling:
                 c.kind[slot], c.temperature[slot], c.top_k[slot], c.top_p[slot] = \
                     SAMPLE, p.temperature, p.top_k, p.top_p

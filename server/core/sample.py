@@ -26,13 +26,13 @@ _BLOCK = 64  # tokens per block of the two-level inverse-CDF search
 _TINY = np.float32(np.finfo(np.float32).tiny)  # the smallest normal float32: the floor of a temperature
 
 
-def temper(scores: np.ndarray, temperature: np.ndarray) -> np.ndarray:
-    """(n, V) scores -> (n, V) float32 log-weights with each row's best at 0 (rows with no finite best
-    left as they are: the caller answers them first). +inf scores become 0, everything else -inf."""
-    best = scores.max(axis=-1, keepdims=True)  # (n, 1)
+def temper(scores: np.ndarray, best: np.ndarray, temperature: np.ndarray) -> np.ndarray:
+    """(n, V) scores and each row's best score (n,) -> (n, V) float32 log-weights with each row's best at 0
+    (rows with no finite best left as they are: the caller answers them first). +inf scores become 0,
+    everything else -inf."""
     t = np.maximum(temperature.astype(np.float32), _TINY)[:, None]
     with np.errstate(over="ignore", invalid="ignore"):
-        z = (scores - best) / t  # inf - inf (a +inf best) is NaN: one of the best tokens
+        z = (scores - best[:, None]) / t  # inf - inf (a +inf best) is NaN: one of the best tokens
     z[np.isnan(z)] = 0.0
     return z
 
@@ -90,11 +90,12 @@ def sample(scores: np.ndarray, temperature: np.ndarray, top_k: np.ndarray, top_p
            noise: np.ndarray, eos_id: int) -> np.ndarray:
     """(n, V) scores of sampling rows (not changed) -> (n,) chosen tokens, by the rules above."""
     tokens = np.full(len(scores), eos_id, np.int64)
-    alive = np.flatnonzero(scores.max(axis=-1) > -np.inf)  # rows with a token left
+    best = scores.max(axis=-1)  # (n,): tempering's reference, and whether a row has a token left
+    alive = np.flatnonzero(best > -np.inf)
     if not len(alive):
         return tokens
     every = len(alive) == len(scores)
-    z = temper(scores if every else scores[alive], temperature[alive])
+    z = temper(scores if every else scores[alive], best[alive], temperature[alive])
     top_k_filter(z, top_k[alive])
     top_p_filter(z, top_p[alive])
     tokens[alive] = draw(z, noise[alive])

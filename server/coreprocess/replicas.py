@@ -30,6 +30,7 @@ from prometheus_client.samples import Sample
 from server.config import ServerConfig
 from server.coreprocess.supervisor import CoreSupervisor
 from server.core.errors import Unavailable
+from server.core.request import Job
 from server.metrics import Metrics
 
 log = logging.getLogger("server.coreprocess")
@@ -108,7 +109,7 @@ class Replicas:
     async def submit(self, model: str, jobs: list) -> None:
         """Queue a request's jobs in one replica, all or none. A replica lost between the choice and its
         answer (UNAVAILABLE with the link down) passes them to another live one, once per replica."""
-        rows = sum(getattr(job.params, "rows", 1) if hasattr(job, "params") else 1 for job in jobs)
+        rows = sum(job.params.rows if isinstance(job, Job) else 1 for job in jobs)  # an embedding counts one
         for _ in self.members:
             link = self.pick(rows)
             if link is None:

@@ -104,30 +104,26 @@ def _document(paras: list[Paragraph], save) -> Document:
 
 def read_docx(data: bytes, limits: Limits) -> Document:
     import docx
-    content_types(open_zip(data, "docx", limits), "docx")
-    doc = docx.Document(io.BytesIO(data))
-    parts = _Parts(doc.part.package, WORD_PARTS)
-    paras = [p for root in parts.roots for p in paragraphs(root, W + "p", WORD)]
-
-    def save() -> bytes:
-        parts.store()
-        out = io.BytesIO()
-        doc.save(out)
-        return out.getvalue()
-    return _document(paras, save)
+    return _read_package(data, limits, "docx", docx.Document, WORD_PARTS, W + "p", WORD)
 
 
 def read_pptx(data: bytes, limits: Limits) -> Document:
     import pptx
-    content_types(open_zip(data, "pptx", limits), "pptx")
-    prs = pptx.Presentation(io.BytesIO(data))
-    parts = _Parts(prs.part.package, SLIDE_PARTS)
-    paras = [p for root in parts.roots for p in paragraphs(root, A + "p", DRAWING)]
+    return _read_package(data, limits, "pptx", pptx.Presentation, SLIDE_PARTS, A + "p", DRAWING)
+
+
+def _read_package(data: bytes, limits: Limits, kind: str, load, part_names, paragraph_tag: str, ns) -> Document:
+    """A Word or PowerPoint file through its library (`load`, python-docx's Document or python-pptx's
+    Presentation): the paragraphs of its text parts, saved back by the library."""
+    content_types(open_zip(data, kind, limits), kind)
+    opened = load(io.BytesIO(data))
+    parts = _Parts(opened.part.package, part_names)
+    paras = [p for root in parts.roots for p in paragraphs(root, paragraph_tag, ns)]
 
     def save() -> bytes:
         parts.store()
         out = io.BytesIO()
-        prs.save(out)
+        opened.save(out)
         return out.getvalue()
     return _document(paras, save)
 

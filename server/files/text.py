@@ -20,12 +20,16 @@ HTML_PIECE_CHARS = 4_000  # cut before block elements: a piece holds well under 
 
 
 def read_text(data: bytes, limits: Limits) -> Document:
-    text, encoding = decode_text(data, "txt")
-    pieces = cut_lines(text)
+    return _read_decoded(data, "txt", cut_lines, markup=False)
+
+
+def _read_decoded(data: bytes, kind: str, cut, markup: bool) -> Document:
+    """A text file in pieces (`cut`), written back in the encoding it came in."""
+    text, encoding = decode_text(data, kind)
 
     def rebuild(translations: list[str], target: str) -> bytes:
         return "".join(translations).encode(encoding)
-    return Document(pieces, rebuild, markup=False)
+    return Document(cut(text), rebuild, markup=markup)
 
 
 def cut_lines(text: str) -> list[str]:
@@ -51,12 +55,7 @@ def cut_lines(text: str) -> list[str]:
 
 
 def read_html(data: bytes, limits: Limits) -> Document:
-    text, encoding = decode_text(data, "html")
-    pieces = cut_html(text)
-
-    def rebuild(translations: list[str], target: str) -> bytes:
-        return "".join(translations).encode(encoding)
-    return Document(pieces, rebuild, markup=True)
+    return _read_decoded(data, "html", cut_html, markup=True)
 
 
 def cut_html(text: str, limit: int = HTML_PIECE_CHARS) -> list[str]:

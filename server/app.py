@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
@@ -62,6 +64,7 @@ class TranslationServer:
         self.engine_failure: Optional[str] = None  # set by the watchdog; the process then exits non-zero
         self.tracer: Optional[tracing.RpcTracer] = None  # OpenTelemetry, when configured (server/observability/)
         self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._own_dir = ""  # the --document-dir made at start when none was named, removed at stop
         self.span_exporter = None  # tests: an OpenTelemetry span exporter to trace into, set before start()
 
     async def start(self) -> int:
@@ -71,6 +74,8 @@ class TranslationServer:
         problems = cfg.problems()
         if problems:
             raise ConfigError("invalid settings: " + "; ".join(problems))
+        if not cfg.document_dir and not self.attach:  # one spool for every frontend process: the config they read
+            cfg.document_dir = self._own_dir = tempfile.mkdtemp(prefix="nmt-documents-")
         if cfg.engine_core == "process" or self.attach:
             await self._start_core()
         else:
@@ -254,6 +259,8 @@ class TranslationServer:
         await self.server.stop(1.0)
         if self.http is not None:
             await self.http.stop()
+        if self._own_dir:  # the documents' spool this server made (results not downloaded go with it)
+            shutil.rmtree(self._own_dir, ignore_errors=True)
         self.executor.shutdown(wait=False, cancel_futures=True)
         if self._loop_lag is not None:
             self._loop_lag.cancel()

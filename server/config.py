@@ -136,6 +136,9 @@ HELP = {
                    "gRPC/HTTP frontend: one process, in-process tests; docs/architecture.md)",
     "glossary_db": "SQLite file of the DeepL glossaries (server/glossary/, docs/glossaries.md), created if missing; "
                    "empty = $XDG_CACHE_HOME/nmt-serve/glossaries.sqlite3 (~/.cache when unset)",
+    "document_dir": "directory of the document jobs' records and results (/v2/document, /translate_file, "
+                    "/v1/files, TranslateFile), shared by the --frontends processes; a job's result is kept there "
+                    "until downloaded or an hour old; empty = a temporary directory removed at exit",
     "engine_replicas": "engine core processes (--engine-core process), each with every model, its own ONNX Runtime "
                        "sessions, slot cache, scheduler and loop; a call goes to the replica with the least "
                        "outstanding work, a replica that dies costs only its own calls and restarts while the "
@@ -212,6 +215,7 @@ class ServerConfig:
     workers: int = 4  # threads for the handlers' blocking work (validation, tokenisation), off the event loop
     engine_core: str = "process"  # process | thread (server/coreprocess/)
     glossary_db: str = ""  # the glossaries' SQLite file; "" = server.glossary.store.default_path()
+    document_dir: str = ""  # document jobs' spool (server/files/spool.py); "" = a temporary one per server
     engine_replicas: int = 0  # engine core processes (--engine-core process); 0 = one per physical core
     frontends: int = 0  # frontend processes over the core (--engine-core process); 0 = one per 4 cores
     watchdog_s: float = 30.0  # no engine step for this long with work waiting: NOT_SERVING, fail requests, exit 3

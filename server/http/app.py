@@ -48,7 +48,8 @@ class HttpFrontend:
         self._task: Optional[asyncio.Task] = None
         routes = [Route("/healthz", self.healthz, methods=["GET", "HEAD"]),
                   Route("/readyz", self.readyz, methods=["GET", "HEAD"])]
-        for api in (NativeApi(edge), DeepLApi(edge), LibreTranslateApi(edge), DocumentsApi(edge), GlossaryApi(edge)):
+        documents = DocumentsApi(edge, cfg.document_dir or None)  # jobs' spool shared by the frontends
+        for api in (NativeApi(edge), DeepLApi(edge), LibreTranslateApi(edge), documents, GlossaryApi(edge)):
             routes += api.routes()
         # HttpGuard (server/http/guard.py) turns a handler's exception into a counted 500 that keeps the
         # connection; Starlette's own error middleware would send it and then re-raise.

@@ -17,12 +17,11 @@ XML entities, encryption), so a bad file gets the API's 400 at once; translation
 background (server/files/jobs.py) through the same Translate path as any request, with the
 uploader's key. A DeepL status request for an unfinished job waits up to STATUS_WAIT_S for it to
 finish (DeepL's clients poll every 5 s). Errors are each API's own shape (DeepL {"message"}, LibreTranslate {"error"},
-native google.rpc.Status). Jobs live in the process that took the upload: with --frontends N > 1,
-a status or download that reaches another frontend process is a 404 (docs/documents.md).
+native google.rpc.Status). The process that took an upload translates it; with --frontends N > 1 any
+of them answers its status and download from the shared spool directory (server/files/spool.py).
 """
 from __future__ import annotations
 
-import asyncio
 import re
 from typing import Optional
 from urllib.parse import quote
@@ -45,6 +44,7 @@ from server.http.translate import Ask, detect, translate
 UPLOAD_BYTES = LIMITS.max_file_bytes + (256 << 10)  # the file and the form around it
 FIELD_BYTES = 64 << 10  # one form field that is not the file
 _ID = re.compile(r"[0-9A-F]{32}")
+_TAKEN = "Document not found: its result was downloaded already"
 STATUS_WAIT_S = 1.0  # a DeepL status request for an unfinished job waits this long for it to finish
 
 
@@ -107,9 +107,9 @@ async def read_upload(request: Request, edge: Edge, field: str = "file") -> Uplo
 
 
 class DocumentsApi:
-    def __init__(self, edge: Edge):
+    def __init__(self, edge: Edge, spool: Optional[str] = None):
         self.edge = edge
-        self.jobs = Jobs(self._translate, self._detect)
+        self.jobs = Jobs(self._translate, self._detect, spool=spool)
 
     def routes(self) -> list[Route]:
         return [Route("/v2/document", self.deepl_upload, methods=["POST"]),
@@ -158,6 +158,11 @@ class DocumentsApi:
         if job is None or (key is not None and key.upper() != job.key) or (owner is not None and job.owner != owner):
             return None
         return job
+
+    def _result(self, job: Job, gone: Response) -> Response:
+        """The job's file, which is then deleted; `gone` when a download elsewhere took it first."""
+        data = self.jobs.take(job)
+        return gone if data is None else self._file(job, data)
 
     @staticmethod
     def _file(job: Job, data: bytes) -> Response:
@@ -229,11 +234,8 @@ class DocumentsApi:
         job, refused = await self._deepl_job(request)
         if job is None:
             return self.edge.count(deepl.API, "document_status", refused)
-        if not job.ended.is_set():  # DeepL's clients poll every 5 s: a small document is done at the first
-            try:
-                await asyncio.wait_for(asyncio.shield(job.ended.wait()), STATUS_WAIT_S)
-            except asyncio.TimeoutError:
-                pass
+        # DeepL's clients poll every 5 s: a small document is done at the first
+        job = await self.jobs.wait(job, STATUS_WAIT_S)
         body = {"document_id": job.id, "status": job.status}
         if job.status in ("queued", "translating"):
             body["seconds_remaining"] = job.seconds_remaining(self.jobs.clock())
@@ -252,7 +254,7 @@ class DocumentsApi:
         elif job.status != "done":
             response = deepl.error(503, f"Document not ready: {job.status}", {"Retry-After": "1"})
         else:
-            response = self._file(job, self.jobs.take(job))
+            response = self._result(job, deepl.error(404, _TAKEN))
         return self.edge.count(deepl.API, "document_result", response)
 
     # -- LibreTranslate ----------------------------------------------------------------------
@@ -293,7 +295,7 @@ class DocumentsApi:
         job = self._owned(ident, None)
         if job is None or job.status != "done":
             return count(libre.error(404, "Invalid filename: no such translated file (expired or downloaded)"))
-        return count(self._file(job, self.jobs.take(job)))
+        return count(self._result(job, libre.error(404, _TAKEN)))
 
     # -- native ------------------------------------------------------------------------------
     def _native_owner(self, request: Request) -> tuple[Optional[str], Optional[Response]]:
@@ -353,7 +355,7 @@ class DocumentsApi:
         if refused is not None:
             return count(refused)
         if request.method == "DELETE":
-            self.jobs.jobs.pop(job.id, None)
+            self.jobs.drop(job)
             return count(JSONResponse({}))
         return count(JSONResponse(self._native_job(job)))
 
@@ -365,7 +367,7 @@ class DocumentsApi:
         if job.status != "done":
             message = job.error if job.status == "error" else f"the file is not translated yet ({job.status})"
             return count(error_response(400, "FAILED_PRECONDITION", message))
-        return count(self._file(job, self.jobs.take(job)))
+        return count(self._result(job, error_response(404, "NOT_FOUND", _TAKEN)))
 
 
 def _deepl_key(request: Request) -> Optional[str]:

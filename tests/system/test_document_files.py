@@ -603,7 +603,7 @@ def test_jobs_bounds_expiry_and_failures(monkeypatch):
         gate.set()
         await asyncio.wait_for(asyncio.gather(a.ended.wait(), b.ended.wait()), 10)
         assert (a.status, a.done, a.total, a.billed) == ("done", 1, 1, len("A man rides."))
-        assert (b.status, b.error) == ("error", "text 0 is refused") and b.result is None
+        assert (b.status, b.error) == ("error", "text 0 is refused") and jobs.take(b) is None
         assert jobs.take(a) == b"A MAN RIDES." and jobs.get(a.id) is None  # downloaded once
         now[0] += jobs_module.TTL_S + 1
         assert jobs.get(b.id) is None  # expired

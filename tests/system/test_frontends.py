@@ -55,6 +55,26 @@ def connections_by_holder(target: str, port: int, pids: list[int], wanted: set[i
     raise AssertionError(f"{limit} connections never reached every frontend: {[len(v) for v in held.values()]}")
 
 
+def http_by_holder(port: int, pids: list[int], wanted: set[int], limit: int = 300) -> dict:
+    """HTTP keep-alive clients (httpx), one per process in `wanted`, found as connections_by_holder finds
+    gRPC ones: pid -> client (the others opened on the way are closed)."""
+    import httpx
+    me, found = os.getpid(), {}
+    for _ in range(limit):
+        before = {c for c in tcp_connections(me) if c[1] == port}
+        client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
+        assert client.get("/healthz").status_code == 200
+        (local, _), = {c for c in tcp_connections(me) if c[1] == port} - before
+        pid = holder(local, port, pids)
+        if pid in wanted and pid not in found:
+            found[pid] = client
+            if set(found) == wanted:
+                return found
+        else:
+            client.close()
+    raise AssertionError(f"{limit} HTTP connections never reached every frontend: {sorted(found)}")
+
+
 def cmdline(pid: int) -> str:
     return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
 
@@ -175,3 +195,46 @@ def test_lame_duck_reaches_every_frontend_and_the_core_keeps_serving():
         srv.finish_stop(stopping)  # a second stop ends the lame duck here; the others follow
     assert wait_for(lambda: not os.path.exists(f"/proc/{extra}") or
                     "zombie" in Path(f"/proc/{extra}/status").read_text().lower(), timeout=90)
+
+
+def test_a_document_uploaded_to_one_frontend_is_answered_by_every_one(start_server):
+    """Document jobs are translated by the process that took the upload, and their status, result and
+    deletion are answered by any frontend (server/files/spool.py): a DeepL client polls on whichever
+    connection it has, and the port is shared."""
+    srv = start_server(engine_core="process", engine_replicas=1, frontends=2, runaway_guard=False)
+    (extra,) = srv.app.frontends.pids
+    me = os.getpid()
+    by = http_by_holder(srv.app.http_port, [me, extra], {me, extra})
+    try:
+        text = "A man is riding a bike down the street.\n\nTwo dogs play in the snow.\n"
+        upload = by[extra].post("/v1/files", data={"target_language": "de", "source_language": "en"},
+                                files={"file": ("story.txt", text.encode())})
+        assert upload.status_code == 200, upload.text
+        ident = upload.json()["id"]
+        assert wait_for(lambda: by[me].get(f"/v1/files/{ident}").json()["status"] == "done", timeout=60)
+        status = by[me].get(f"/v1/files/{ident}").json()
+        assert status["segmentsDone"] == status["segmentsTotal"] > 0
+        got = by[me].get(f"/v1/files/{ident}/content")  # the primary serves the extra frontend's result
+        assert got.status_code == 200 and got.text.count("\n") == text.count("\n")
+        assert got.text != text and got.headers["content-disposition"].startswith("attachment")
+        assert by[extra].get(f"/v1/files/{ident}/content").status_code == 404  # downloaded once
+        assert by[extra].get(f"/v1/files/{ident}").status_code == 404
+
+        # DeepL's API, the other way round: uploaded at the primary, polled and fetched at the extra one.
+        deepl_upload = by[me].post("/v2/document", data={"target_lang": "DE", "source_lang": "EN"},
+                                   files={"file": ("story.txt", text.encode())})
+        handle = deepl_upload.json()
+        form = {"document_key": handle["document_key"]}
+        assert wait_for(lambda: by[extra].post(f"/v2/document/{handle['document_id']}", data=form).json()["status"]
+                        == "done", timeout=60)
+        assert by[extra].post(f"/v2/document/{handle['document_id']}/result", data=form).text == got.text
+
+        # Deleted at one process, gone at the other.
+        second = by[extra].post("/v1/files", data={"target_language": "de"}, files={"file": ("b.txt", b"A dog.")})
+        ident = second.json()["id"]
+        assert by[me].delete(f"/v1/files/{ident}").status_code == 200
+        assert by[extra].get(f"/v1/files/{ident}").status_code == 404
+        assert by[me].get(f"/v1/files/{ident}/content").status_code == 404
+    finally:
+        for client in by.values():
+            client.close()

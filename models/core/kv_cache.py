@@ -21,7 +21,9 @@ change when rows join, leave or move, so they are gathered again only then.
 """
 from __future__ import annotations
 
+import ctypes
 import mmap
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,6 +45,23 @@ def lazy_zeros(shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
     if size == 0 or not hasattr(mmap, "MAP_PRIVATE"):  # not a POSIX system
         return np.zeros(shape, dtype)
     return np.frombuffer(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE), dtype).reshape(shape)
+
+
+_madvise = ctypes.CDLL(None, use_errno=True).madvise if sys.platform == "linux" else None
+_DONTNEED = 4  # MADV_DONTNEED: a private anonymous page reads as zeros again, as lazy_zeros made it
+KEEP_POSITIONS = 64  # positions of every slot kept resident (release); most sentences fit in them
+
+
+def give_back(region: np.ndarray) -> None:
+    """Return the whole pages inside `region` (a contiguous part of a lazy_zeros array) to the kernel:
+    RSS falls, and they read as zeros again (what they held was past any running row's length)."""
+    if _madvise is None or region.size == 0:
+        return
+    start = region.ctypes.data
+    first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE  # pages wholly inside: never a neighbour's data
+    last = (start + region.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    if last > first:
+        _madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), _DONTNEED)
 
 
 @dataclass(eq=False)
@@ -67,6 +86,10 @@ class SlotCache:
         self.src_mask = np.zeros((slots, max_source), dtype=bool)
         self.src_len = np.zeros(slots, dtype=np.int64)
         self.length = np.zeros(slots, dtype=np.int64)
+        # Positions (self-attention) and source positions (cross) written in each slot since its memory was
+        # last given back (release): what a trim must cover.
+        self.extent = np.zeros(slots, dtype=np.int64)
+        self.src_extent = np.zeros(slots, dtype=np.int64)
         # The token each step fed each row, by position: the row's history as the decoding controls read it
         # (start token, forced tokens, prefix, output), kept per slot, so it moves with the slot's cache.
         self.inputs = np.zeros((slots, max_target), dtype=np.int64)  # (N, T)
@@ -114,16 +137,44 @@ class SlotCache:
         return out
 
     def release(self, rows: list[Row]) -> None:
-        """Free rows; the last running rows move into the holes."""
+        """Free rows; the last running rows move into the holes.
+
+        Memory: a slot's pages stay resident once written, so without giving any back RSS grew with the
+        longest texts a server had seen, towards the whole cache per model and replica (docs/memory.md).
+        Positions past KEEP_POSITIONS that a departed row wrote go back to the kernel when nothing in
+        the slot needs them (long rows are rare: a few syscalls each), and everything goes back when the
+        cache drains. The first KEEP_POSITIONS of every slot stay: short rows, the common case, come and
+        go without a syscall or a page fault."""
         for row in sorted(rows, key=lambda r: -r.slot):
             hole, last = row.slot, len(self.rows) - 1
+            for slot in {hole, last}:  # what the rows leaving or moving out wrote
+                self.extent[slot] = max(self.extent[slot], self.length[slot])
+                self.src_extent[slot] = max(self.src_extent[slot], self.src_len[slot])
             if hole != last:
                 self._copy_slot(last, hole)
                 moved = self.rows[last]
                 moved.slot = hole
                 self.rows[hole] = moved
+                self._trim(hole, self.length[hole], self.src_len[hole])
             self.rows.pop()
             row.slot = -1
+            self._trim(last, 0, 0)
+        if not self.rows and (self.extent.any() or self.src_extent.any()):
+            for cache in (self.k, self.v, self.cross_k, self.cross_v):
+                give_back(cache)
+            self.extent[:] = self.src_extent[:] = 0
+
+    def _trim(self, slot: int, length: int, src_len: int) -> None:
+        """Give back what departed rows wrote in `slot` past max(KEEP_POSITIONS, what its row now uses)."""
+        for caches, extent, used in (((self.k, self.v), self.extent, length),
+                                     ((self.cross_k, self.cross_v), self.src_extent, src_len)):
+            keep = max(KEEP_POSITIONS, int(used))
+            if extent[slot] > keep:
+                for cache in caches:
+                    for layer in cache:  # (N, H, T, Dh)
+                        for head in layer[slot]:  # (T, Dh): contiguous
+                            give_back(head[keep:extent[slot]])
+                extent[slot] = keep
 
     def _copy_slot(self, src: int, dst: int) -> None:
         n, s = self.length[src], self.src_len[src]

@@ -17,9 +17,10 @@ import logging
 import re
 import time
 import uuid
-from typing import Iterable, NamedTuple, Optional
+from typing import TYPE_CHECKING, Iterable, NamedTuple, Optional
 
-import grpc
+if TYPE_CHECKING:  # annotations only: logs.py imports this module in the engine core, which has no grpc
+    import grpc
 
 access_log = logging.getLogger("nmt.access")
 log = logging.getLogger(__name__)

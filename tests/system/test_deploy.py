@@ -75,6 +75,12 @@ def test_engine_core_imports_no_grpc_or_protobuf():
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'google')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+    # The engine core process each replica runs: its wire is msgspec over zmq, so grpc (~10 MB resident
+    # with its TLS library, in every replica) has no business there either.
+    code = ("import sys, server.coreprocess.__main__; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'google', 'starlette')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
 
 
 def test_serving_runtime_imports_no_torch():

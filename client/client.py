@@ -5,6 +5,8 @@
         print(c.translate(["A man is riding a bike."]).translations[0].hypotheses[0].text)
         for msg in c.translate_stream("Two dogs play in the snow."):
             print(msg.delta, end="", flush=True)
+        data = c.translate_file("report.docx", Path("report.docx").read_bytes(), target_language="de",
+                                timeout=600, progress=lambda m: print(m.segments_done, "/", m.segments_total))
 
 Several replicas: a comma-separated target list, dns:///name:port or ipv4:a:p,b:p is balanced
 round_robin over the healthy ones, with gRPC's retry policy and keepalive (client/balancing.py,
@@ -63,6 +65,9 @@ def _channel_setup(tls: bool, ca_file: Optional[str], cert_file: Optional[str], 
 
 # A channel's own subchannel pool: its own TCP connection even to a target other channels reach.
 OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
+# TranslateFile's last message carries the translated file, up to the server's bound on a result (64 MiB,
+# server/files/rpc.py MAX_RESULT_BYTES) and a few fields: past gRPC's default 4 MiB receive limit.
+RECEIVE = [("grpc.max_receive_message_length", (64 << 20) + (64 << 10))]
 
 
 def auth_metadata(api_key: Optional[str]) -> Optional[tuple]:
@@ -165,6 +170,34 @@ class _RetriedStream:
         return getattr(self._call, name)
 
 
+def file_request(filename: str, content: bytes, target_language: str, source_language: str,
+                 glossary_id: str) -> pb.TranslateFileRequest:
+    return pb.TranslateFileRequest(filename=filename, content=content, target_language=target_language,
+                                   source_language=source_language, glossary_id=glossary_id)
+
+
+def _content_of(last: Optional[pb.TranslateFileResponse]) -> bytes:
+    if last is None or last.status != pb.FILE_STATUS_DONE:  # the server ends a call with a status, not this
+        raise RuntimeError("TranslateFile ended without the translated file")
+    return last.content
+
+
+def _file_of(stream: Iterator[pb.TranslateFileResponse],
+             progress: Optional[Callable[[pb.TranslateFileResponse], None]]) -> bytes:
+    """The file from a TranslateFile stream read to its end; the call is cancelled if reading stops early
+    (an exception in `progress`, an interrupt), which drops the server's job."""
+    last = None
+    try:
+        for message in stream:
+            if progress is not None:
+                progress(message)
+            last = message
+    except BaseException:
+        stream.cancel()
+        raise
+    return _content_of(last)
+
+
 class TranslatorClient:
     def __init__(self, target: str = "localhost:50051", timeout: Optional[float] = 30.0, retries: int = 3,
                  backoff: float = 0.1, channel: Optional[grpc.Channel] = None, *, tls: bool = False,
@@ -174,7 +207,7 @@ class TranslatorClient:
         creds, opts = _channel_setup(tls, ca_file, cert_file, key_file, server_name)
         # several replicas, gRPC's retry policy (as many retries as `retries` unless `balancing` says), keepalive
         target, lb_opts = channel_args(target, balancing or Balancing(retries=retries))
-        opts = [*opts, *lb_opts]
+        opts = [*opts, *lb_opts, *RECEIVE]
         self.metadata = auth_metadata(api_key)
         self.channel = channel or (grpc.secure_channel(target, creds, opts) if creds
                                    else grpc.insecure_channel(target, opts))
@@ -208,11 +241,12 @@ class TranslatorClient:
     def translate(self, texts: Sequence[str], model: str = "", timeout: Optional[float] = None,
                   return_scores: bool = False, return_tokens: bool = False, source_language: str = "",
                   target_language: str = "", split_sentences: str | int = "on", mime_type: str = "",
-                  **decoding) -> pb.TranslateResponse:
+                  background: bool = False, **decoding) -> pb.TranslateResponse:
         req = pb.TranslateRequest(model=model, texts=list(texts), options=options(**decoding),
                                   return_scores=return_scores, return_tokens=return_tokens,
                                   source_language=source_language, target_language=target_language,
-                                  split_sentences=split_mode(split_sentences), mime_type=mime_type)
+                                  split_sentences=split_mode(split_sentences), mime_type=mime_type,
+                                  priority=pb.PRIORITY_BACKGROUND if background else pb.PRIORITY_INTERACTIVE)
         return self._call(self.stub.Translate, req, timeout)
 
     def translate_stream(self, text: str, model: str = "", timeout: Optional[float] = None,
@@ -224,6 +258,19 @@ class TranslatorClient:
         deadline = self.timeout if timeout is None else timeout
         return _RetriedStream(lambda: self.stub.TranslateStream(req, timeout=deadline, metadata=self.metadata),
                               self.retries, self.backoff)
+
+    def translate_file(self, filename: str, content: bytes, target_language: str = "", source_language: str = "",
+                       glossary_id: str = "", timeout: Optional[float] = None,
+                       progress: Optional[Callable[[pb.TranslateFileResponse], None]] = None) -> bytes:
+        """The translated file (TranslateFile: the server reads, translates and rebuilds it; `filename`'s
+        extension names the format). `progress(message)` sees every message, the last (status DONE, with the
+        file) included. `timeout` bounds the whole translation. Retried like translate_stream: only when it
+        fails before the first message."""
+        req = file_request(filename, content, target_language, source_language, glossary_id)
+        deadline = self.timeout if timeout is None else timeout
+        stream = _RetriedStream(lambda: self.stub.TranslateFile(req, timeout=deadline, metadata=self.metadata),
+                                self.retries, self.backoff)
+        return _file_of(stream, progress)
 
     def embed(self, texts: Sequence[str], model: str = "", normalize: bool = False,
               timeout: Optional[float] = None) -> pb.EmbedResponse:
@@ -251,7 +298,7 @@ class AsyncTranslatorClient:
         other channel to the target in this process (to spread load over a server's frontend processes)."""
         creds, opts = _channel_setup(tls, ca_file, cert_file, key_file, server_name)
         target, lb_opts = channel_args(target, balancing or Balancing(retries=retries))
-        opts = [*opts, *lb_opts, *OWN_CONNECTION * own_connection]
+        opts = [*opts, *lb_opts, *RECEIVE, *OWN_CONNECTION * own_connection]
         self.metadata = auth_metadata(api_key)
         self.channel = (grpc.aio.secure_channel(target, creds, opts) if creds
                         else grpc.aio.insecure_channel(target, opts))
@@ -285,11 +332,12 @@ class AsyncTranslatorClient:
     async def translate(self, texts: Sequence[str], model: str = "", timeout: Optional[float] = None,
                         return_scores: bool = False, return_tokens: bool = False, source_language: str = "",
                   target_language: str = "", split_sentences: str | int = "on", mime_type: str = "",
-                  **decoding) -> pb.TranslateResponse:
+                  background: bool = False, **decoding) -> pb.TranslateResponse:
         req = pb.TranslateRequest(model=model, texts=list(texts), options=options(**decoding),
                                   return_scores=return_scores, return_tokens=return_tokens,
                                   source_language=source_language, target_language=target_language,
-                                  split_sentences=split_mode(split_sentences), mime_type=mime_type)
+                                  split_sentences=split_mode(split_sentences), mime_type=mime_type,
+                                  priority=pb.PRIORITY_BACKGROUND if background else pb.PRIORITY_INTERACTIVE)
         return await self._call(self.stub.Translate, req, timeout)
 
     def translate_stream(self, text: str, model: str = "", timeout: Optional[float] = None,
@@ -300,6 +348,20 @@ class AsyncTranslatorClient:
                                         split_sentences=split_mode(split_sentences), mime_type=mime_type)
         return self.stub.TranslateStream(req, timeout=self.timeout if timeout is None else timeout,
                                          metadata=self.metadata)
+
+    async def translate_file(self, filename: str, content: bytes, target_language: str = "",
+                             source_language: str = "", glossary_id: str = "", timeout: Optional[float] = None,
+                             progress: Optional[Callable[[pb.TranslateFileResponse], None]] = None) -> bytes:
+        """As TranslatorClient.translate_file (not retried)."""
+        req = file_request(filename, content, target_language, source_language, glossary_id)
+        call = self.stub.TranslateFile(req, timeout=self.timeout if timeout is None else timeout,
+                                       metadata=self.metadata)
+        last = None
+        async for message in call:
+            if progress is not None:
+                progress(message)
+            last = message
+        return _content_of(last)
 
     async def embed(self, texts: Sequence[str], model: str = "", normalize: bool = False,
                     timeout: Optional[float] = None) -> pb.EmbedResponse:

@@ -61,6 +61,7 @@ class TranslateCall:
     deadline: Optional[float] = None  # time.monotonic() value; None = no deadline
     glossary_id: str = ""  # a stored glossary of the caller's key (server/glossary/), or
     glossary_entries: tuple[tuple[str, str], ...] = ()  # inline (source, target) entries
+    background: bool = False  # PRIORITY_BACKGROUND: scheduled after interactive work (server/core/scheduler.py)
 
 
 @dataclass
@@ -226,7 +227,7 @@ class Admission:
         firsts = [j == 0 for plan in plans for j in range(len(plan.units))]  # a target prefix starts each text
         jobs = model.jobs(sources, call.params, [sink_for(i) for i in range(len(sources))], call.deadline,
                           scores=call.scores, stream=call.stream, languages=languages, labels=labels,
-                          prefixed=firsts)
+                          prefixed=firsts, background=call.background)
         matches = glossary.attach(jobs, sources, terms, model, plans, literals) if terms is not None else None
         calls.submitted(jobs)
         return Admitted(model, plans, jobs, source, detection, matches)

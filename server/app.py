@@ -30,7 +30,8 @@ from server.observability import looplag, tracing
 from server.observability.logs import config_summary
 from server.security.wiring import Security
 from server.service import TranslatorService
-from server.wire import add_translator_service
+from server.files.rpc import FILE_REQUEST_BYTES, FileCalls
+from server.wire import add_translator_service, receive_limit
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Translator"].full_name
@@ -93,12 +94,19 @@ class TranslationServer:
                                                                 self.metrics.build["version"])
         self.security = Security(cfg, self.metrics)  # TLS, API keys, rate limits: server/security/
         self.security.check_models(self.models)
-        # Oversized messages are refused by grpc before they are parsed (RESOURCE_EXHAUSTED).
-        self.server = grpc.aio.server(options=[("grpc.max_receive_message_length", cfg.max_request_bytes),
+        # Oversized messages are refused by grpc before they are parsed (RESOURCE_EXHAUSTED); TranslateFile's
+        # requests carry a whole file and may be larger than --max-request-bytes, which server/wire.py then
+        # checks for every other method (unparsed too).
+        file_bounds = {"TranslateFile": FILE_REQUEST_BYTES}
+        self.server = grpc.aio.server(options=[("grpc.max_receive_message_length",
+                                                receive_limit(cfg.max_request_bytes, file_bounds)),
                                                *server_options(cfg)],
                                       interceptors=self.security.interceptors(SERVICE_NAME,
                                                                               self.admission.model_name_for))
-        add_translator_service(self.service, self.server)
+        add_translator_service(self.service, self.server, cfg.max_request_bytes, file_bounds)
+        # TranslateFile's jobs translate through the servicer as the HTTP port's do: behind the same key checks.
+        self.service.files = FileCalls(Gateway(self.service, self.security.interceptor), self.admission,
+                                       cfg.document_dir or None)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         enable_reflection(self.server, [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name])
         self.port = self.security.bind(self.server, f"{cfg.host}:{cfg.port}")  # TLS only, when configured

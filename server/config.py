@@ -111,7 +111,8 @@ HELP = {
                         "this many tokens (and at least 3 times); >= 2",
     "runaway_length_ratio": "runaway guard: stop past this many output tokens per source token (+16); > 0",
     "max_request_bytes": "largest request message accepted (bigger ones get RESOURCE_EXHAUSTED unparsed; HTTP "
-                         "bodies 413); >= 1",
+                         "bodies 413); TranslateFile's carry a file and may reach the file limit, 10 MiB + 64 KiB, "
+                         "instead; >= 1",
     "max_source_tokens": "source tokens per text (capped by the model's positions); >= 1",
     "max_output_tokens": "generated tokens per text (capped by the model's positions); >= 1",
     "max_beam_size": "largest beam_size a request may ask for; >= 1",

@@ -223,7 +223,7 @@ class HostedModel:
     def jobs(self, texts: list[str], params: DecodingParams, sink: Callable[[Event], None] | list,
              deadline: Optional[float], scores: bool = False, stream: bool = False,
              languages: tuple[str, str] = ("", ""), labels: Optional[list[str]] = None,
-             prefixed: Optional[list[bool]] = None) -> list[Job]:
+             prefixed: Optional[list[bool]] = None, background: bool = False) -> list[Job]:
         """Jobs for texts whose options passed `param_problems` (server/admission.py); `sink` is one callable
         for all, or one per text. A target prefix goes to the texts `prefixed` marks (a document's first
         sentence), to every text by default."""
@@ -237,7 +237,7 @@ class HostedModel:
             prefix = target if mark else ()
             budget = params.max_output_tokens or max_output_len(len(ids), self.max_output)
             out.append(Job(self.name, ids, params, min(budget + len(prefix), room), s, deadline,
-                           scores=scores, stream=stream, forced=forced, prefix=prefix))
+                           scores=scores, stream=stream, forced=forced, prefix=prefix, background=background))
         return out
 
     def embed_jobs(self, texts: list[str], sinks: list, deadline: Optional[float]) -> list[EmbedJob]:

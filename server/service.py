@@ -20,15 +20,16 @@ from protos.nmt.v1 import translator_pb2 as pb
 from protos.nmt.v1 import translator_pb2_grpc as pb_grpc
 from server.documents.assemble import DocumentResult, DocumentStream, assemble
 from server.documents.plan import MIME_PLAIN, SPLIT_NEWLINES, SPLIT_OFF, SPLIT_ON, DocumentOptions
+from server.files.rpc import caller_of
 from server.glossary.use import hits as glossary_hits
-from server.core.errors import InvalidArgument, ServiceError, Unavailable, bounded
+from server.core.errors import InvalidArgument, ResourceExhausted, ServiceError, Unavailable, bounded
 from server.admission import Admission, TranslateCall
 from server.hosted import HostedModel
 from server.metrics import Metrics
 from server.observability import calls
 from server.relay import Outflow, outflow_for, relay_for
 from server.core.request import DecodingParams, ErrorEvent, Event, FinishEvent, FinishReason, TokenEvent
-from server.wire import Malformed
+from server.wire import Malformed, Oversized
 
 try:  # raised by grpc when a status or message is sent on a call that is already over
     from grpc._cython.cygrpc import ExecuteBatchError
@@ -68,13 +69,17 @@ def decoding_params(o: pb.DecodingOptions) -> DecodingParams:
 def translate_call(request, deadline: Optional[float]) -> TranslateCall:
     """A TranslateRequest or TranslateStreamRequest as admission's plain TranslateCall."""
     stream = isinstance(request, pb.TranslateStreamRequest)
+    priority = pb.PRIORITY_INTERACTIVE if stream else request.priority
+    if priority not in pb.Priority.values():
+        raise InvalidArgument(f"priority {priority} is not PRIORITY_INTERACTIVE (0) or PRIORITY_BACKGROUND (1)")
     return TranslateCall(texts=([request.text] if request.text else []) if stream else list(request.texts),
                          params=decoding_params(request.options), model=request.model,
                          source_language=request.source_language, target_language=request.target_language,
                          options=document_options(request.split_sentences, request.mime_type),
                          scores=not stream and request.return_scores, stream=stream, deadline=deadline,
                          glossary_id=request.glossary_id,
-                         glossary_entries=tuple((e.source, e.target) for e in request.glossary_entries))
+                         glossary_entries=tuple((e.source, e.target) for e in request.glossary_entries),
+                         background=priority == pb.PRIORITY_BACKGROUND)
 
 
 def deadline_of(context) -> Optional[float]:
@@ -219,12 +224,16 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         self.admission, self.metrics = admission, metrics
         self.accepting = True
         self.tracer = None  # an RpcTracer when tracing is on (server/observability/tracing.py)
+        self.files = None  # TranslateFile's jobs: a server.files.rpc.FileCalls, set by the app
 
     # -- the one place for status codes and request metrics ------------------------
     async def _guard(self, rpc: str, request, context, work: Callable[[], Awaitable]):
         t0, code = time.perf_counter(), grpc.StatusCode.OK
         call = calls.begin(rpc, context, self.tracer)  # request id, the access log's record (observability)
         try:
+            if isinstance(request, Oversized):  # as gRPC answers a message over its receive limit
+                raise ResourceExhausted(f"request too large: a {request.type_name} of {request.size} bytes; "
+                                        f"{request.reason}")
             if isinstance(request, Malformed):
                 raise InvalidArgument(f"malformed request: not a valid {request.type_name} "
                                       f"({request.reason}; {request.size} bytes)")
@@ -363,6 +372,23 @@ class TranslatorService(pb_grpc.TranslatorServicer):
             if not doc.done:
                 for job in jobs:
                     job.cancel()
+
+    async def TranslateFile(self, request: pb.TranslateFileRequest, context) -> None:
+        # As TranslateStream: written with context.write so errors pass through _guard. The job, its
+        # progress and its errors are server/files/rpc.py's.
+        async def produce():
+            if self.files is None:
+                raise Unavailable("this server translates no files")
+            await context.send_initial_metadata(((calls.REQUEST_ID, calls.current().request_id),))
+            messages = self.files.translate(request, caller_of(context))
+            try:
+                async for message in messages:
+                    await context.write(message)
+            finally:
+                # A cancel that lands in write() leaves the generator suspended: close it now, so the job
+                # is dropped before _guard records the call.
+                await messages.aclose()
+        await self._guard("TranslateFile", request, context, produce)
 
     async def Embed(self, request: pb.EmbedRequest, context) -> pb.EmbedResponse:
         return await self._guard("Embed", request, context, lambda: self._embed(request, context))

@@ -11,7 +11,9 @@ Input formats (--format, `auto` picks by extension: .jsonl/.ndjson, .tsv, the do
          the translation as a new last column
   document  .docx .pptx .xlsx .odt .odp .ods .srt .xlf/.xliff .po/.pot .html/.htm: the file read here by
          the server's readers (server/files/), its texts translated with their formatting, the file
-         rebuilt and written whole (no resume; --overwrite to replace an existing OUTPUT)
+         rebuilt and written whole (no resume; --overwrite to replace an existing OUTPUT); with
+         --server-side the file is sent whole to the server's TranslateFile, which reads, translates
+         and rebuilds it (no serve extra needed here; .txt too)
 
 Every input line gives exactly one output line, in input order; empty lines and empty texts pass
 through untranslated. Requests carry --batch-size texts each, at most --concurrency in flight,
@@ -55,6 +57,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         ".srt .xlf .xliff .po .pot .html .htm = document (the file rebuilt with its formatting; "
                         "see docs/translate_file.md), anything else = text"),
     p.add_argument("--whole-file", action="store_true", help="text: the whole file is one text")
+    p.add_argument("--server-side", action="store_true",
+                   help="document: send the file whole in one TranslateFile call; the server reads, translates "
+                        "and rebuilds it (any format the server reads, .txt included; --timeout bounds the whole "
+                        "call; see docs/translate_file.md)")
     p.add_argument("--field", default="text", help="jsonl: the field to translate")
     p.add_argument("--output-field", default="translation",
                    help="jsonl: the field the translation goes to (added or overwritten); tsv: the header "

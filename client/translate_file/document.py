@@ -41,6 +41,9 @@ def document_extensions() -> set[str]:
 
 
 def translate_document(s: Settings) -> dict:
+    if s.server_side:
+        from .server_side import translate_on_server
+        return translate_on_server(s)
     try:
         from server.files import FileError, read
     except ImportError as e:

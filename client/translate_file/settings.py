@@ -44,6 +44,7 @@ class Settings:
     progress: bool
     progress_interval: float
     channel: dict = dc_field(default_factory=dict)  # CHANNEL_ARGS given on the command line
+    server_side: bool = False  # a document sent whole to TranslateFile (server_side.py)
 
     def shaping(self) -> dict:
         """The settings that decide what the output holds: a resumed run must have the same ones."""
@@ -58,6 +59,11 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         raise UsageError(f"{src}: not a regular file (the input is read twice: stdin and pipes will not do)"
                          if src.exists() else f"{src}: no such file")
     fmt = args.format
+    server_side = getattr(args, "server_side", False)
+    if server_side:  # the server reads the file, by its extension: a document whatever it is here
+        if fmt not in ("auto", "document"):
+            raise UsageError("--server-side sends a document file whole: it is for --format auto or document")
+        fmt = "document"
     if fmt == "auto":
         fmt = {".jsonl": "jsonl", ".ndjson": "jsonl", ".tsv": "tsv"}.get(src.suffix.lower(), "text")
         from .document import document_extensions
@@ -97,4 +103,4 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                     max_lines=args.max_lines, max_errors=args.max_errors, overwrite=args.overwrite,
                     errors_file=errors, summary_json=Path(args.summary_json) if args.summary_json else None,
                     progress=not args.no_progress, progress_interval=args.progress_interval,
-                    channel={k: v for k in CHANNEL_ARGS if (v := getattr(args, k, None))})
+                    channel={k: v for k in CHANNEL_ARGS if (v := getattr(args, k, None))}, server_side=server_side)

@@ -162,6 +162,9 @@ class Job(_Work):
     # target term, each (its spellings as written, its other forms' spellings, its text forms), a
     # spelling being a token sequence.
     terms: tuple[tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...], tuple[str, ...]], ...] = ()
+    # Background work (a document file's segments, a caller's PRIORITY_BACKGROUND): admitted after every
+    # waiting interactive job, and sent to the engine replica with the least interactive work.
+    background: bool = False
 
 
 @dataclass
@@ -176,6 +179,7 @@ class EmbedJob(_Work):
     cancelled: bool = False
     answered: bool = False  # as Job.answered
     on_cancel: Optional[Callable[["EmbedJob"], None]] = None  # as Job.on_cancel
+    background: bool = False  # as Job.background (embeddings are always interactive)
 
     def failure(self, error: Exception):
         return error  # an embedding's sink takes the vector or the exception

@@ -2,8 +2,9 @@
 
 Each engine-loop iteration is  schedule() -> engine work -> update():
   * schedule() drops cancelled and expired work, then admits waiting jobs
-    (first come, first served) while KV slots and the encoder's token budget
-    allow; the result, `Scheduled`, lists the jobs to encode and to embed this step.
+    (first come, first served; background jobs after every interactive one) while KV
+    slots and the encoder's token budget allow; the result, `Scheduled`, lists the
+    jobs to encode and to embed this step.
   * the engine encodes the admitted jobs into fresh slots and runs one decode
     step over every running row (old and new together: continuous batching).
   * controls() says what each running row needs this step (greedy, sampling with
@@ -84,6 +85,7 @@ class Scheduler:
         self.stream_interval = max(1, stream_interval)
         self.max_queue, self.max_encode_tokens, self.max_encode_batch = max_queue, max_encode_tokens, max_encode_batch
         self.waiting: collections.deque[Job | EmbedJob] = collections.deque()
+        self.background = False  # some waiting job is background work (Job.background)
         self.running: list[Running] = []
         self.lock = threading.Lock()
         self.wakeup = threading.Condition(self.lock)
@@ -100,6 +102,12 @@ class Scheduler:
             if len(self.waiting) + len(jobs) > self.max_queue:
                 raise ResourceExhausted(f"queue full: {len(self.waiting)} texts waiting, limit {self.max_queue}; "
                                         "retry later")
+            background = any(job.background for job in jobs)
+            # Background work never holds more than half the queue: interactive calls find room behind it.
+            if background and self.waiting and len(self.waiting) + len(jobs) > self.max_queue // 2:
+                raise ResourceExhausted(f"queue half full ({len(self.waiting)} texts waiting): background work "
+                                        "waits; retry later")
+            self.background |= background
             self.waiting.extend(jobs)
             self.m.waiting.set(len(self.waiting))
             self.wakeup.notify()
@@ -134,6 +142,8 @@ class Scheduler:
         tokens = 0
         with self.lock:
             kept: collections.deque = collections.deque()
+            if self.background:  # interactive jobs first; each kind keeps its own arrival order (a stable sort)
+                self.waiting = collections.deque(sorted(self.waiting, key=lambda j: j.background))
             while self.waiting:
                 job = self.waiting.popleft()
                 if job.cancelled or job.expired(now):
@@ -156,6 +166,7 @@ class Scheduler:
                 self.m.queue_time.observe(now - job.timing.arrival)
                 (scheduled.encode if isinstance(job, Job) else scheduled.embed).append(job)
             self.waiting = kept
+            self.background = self.background and any(j.background for j in kept)
             self.m.waiting.set(len(self.waiting))
         return scheduled
 

@@ -136,7 +136,7 @@ class CoreLink:
             return wire.JobSpec(job.id, "embed", job.model, job.src_ids, job.timing.arrival, job.deadline)
         return wire.JobSpec(job.id, "translate", job.model, job.src_ids, job.timing.arrival, job.deadline,
                             wire.params_out(job.params), job.max_len, job.scores, job.stream, job.forced, job.prefix,
-                            job.terms)
+                            job.terms, job.background)
 
     def _cancel(self, job: Job | EmbedJob) -> None:
         if threading.get_ident() != self._loop_thread:  # the socket is the loop's alone

@@ -177,7 +177,7 @@ class Core:
         else:
             job = Job(spec.model, spec.src_ids, wire.params_in(spec.params), spec.max_len, sink, spec.deadline,
                       id=job_id, scores=spec.scores, stream=spec.stream, forced=tuple(spec.forced),
-                      prefix=tuple(spec.prefix), terms=spec.terms)
+                      prefix=tuple(spec.prefix), terms=spec.terms, background=spec.background)
         job.timing.arrival = spec.arrival
         box.jobs[job_id] = job
         return job

@@ -60,6 +60,7 @@ class JobSpec(msgspec.Struct, array_like=True):
     prefix: tuple[int, ...] = ()
     # Glossary terms (server/core/request.py Job.terms): (spellings as written, other spellings, text forms).
     terms: tuple[tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...], tuple[str, ...]], ...] = ()
+    background: bool = False  # server/core/request.py Job.background
 
 
 # -- frontend -> core ---------------------------------------------------------------

@@ -12,7 +12,10 @@ CoreSupervisor. A request's jobs go to one replica, all of them (a document's se
 together: their order and the request's all-or-none admission are that replica's), the replica with
 the least outstanding work: the source tokens of the jobs it holds, a proxy for the decode steps they
 still need. Ties rotate, so an idle server spreads its first calls. Cancels follow each job to its
-replica (the link sets `job.on_cancel`). A replica that dies fails only its own calls (UNAVAILABLE)
+replica (the link sets `job.on_cancel`). Background work (document files, PRIORITY_BACKGROUND) goes
+to the replica with the least interactive work, and interactive calls prefer replicas holding no
+background work, so on a server with two replicas a document decodes beside interactive calls
+instead of in their batch. A replica that dies fails only its own calls (UNAVAILABLE)
 and restarts while the others serve; readiness is NOT_SERVING only while no replica is up. Each
 replica's series carry a `replica` label (sum over it for the server's total).
 """
@@ -92,13 +95,19 @@ class Replicas:
         await self.on_up()
 
     # -- requests -------------------------------------------------------------------------------
-    def pick(self, rows: int = 1):
-        """The replica for a request of `rows` decode rows: the first live one (in order) whose outstanding
-        rows leave room for it within --max-batch-size, else the live one with the least outstanding work
-        (source tokens; ties rotate); None when none is live."""
+    def pick(self, rows: int = 1, background: bool = False):
+        """The replica for a request of `rows` decode rows: the first live one (in order; those holding
+        background work last) whose outstanding rows leave room for it within --max-batch-size, else the
+        live one with the least outstanding work (source tokens; ties rotate); None when none is live.
+        Background work: the live one with the fewest interactive jobs, then the least outstanding work."""
         live = [m.link for m in self.members if m.link.up]
         if not live:
             return None
+        if background:
+            return min(live, key=lambda link: (sum(not job.background for job in link.jobs.values()),
+                                               sum(len(job.src_ids) for job in link.jobs.values())))
+        if len(live) > 1:
+            live.sort(key=lambda link: any(job.background for job in link.jobs.values()))  # stable
         for link in live:
             if len(link.jobs) + rows <= self.pack_rows:
                 return link
@@ -110,8 +119,9 @@ class Replicas:
         """Queue a request's jobs in one replica, all or none. A replica lost between the choice and its
         answer (UNAVAILABLE with the link down) passes them to another live one, once per replica."""
         rows = sum(job.params.rows if isinstance(job, Job) else 1 for job in jobs)  # an embedding counts one
+        background = any(job.background for job in jobs)
         for _ in self.members:
-            link = self.pick(rows)
+            link = self.pick(rows, background)
             if link is None:
                 break
             try:

@@ -124,7 +124,7 @@ class DocumentsApi:
     # -- what every API shares --------------------------------------------------------------
     async def _translate(self, job: Job, texts: list[str]) -> list[str]:
         ask = Ask(texts=texts, source=job.source, target=job.target, html=job.document.markup,
-                  split=pb.SPLIT_SENTENCES_ON, glossary_id=job.glossary_id)
+                  split=pb.SPLIT_SENTENCES_ON, glossary_id=job.glossary_id, background=True)
         return [r.text for r in await translate(self.edge, ask, job.caller)]
 
     async def _detect(self, job: Job, sample: str) -> str:

@@ -39,6 +39,7 @@ class Ask:
     split: int = pb.SPLIT_SENTENCES_ON
     alternatives: int = 0
     glossary_id: str = ""  # a glossary of the caller's key (server/glossary/); needs `source`
+    background: bool = False  # PRIORITY_BACKGROUND (a document file's texts)
 
 
 async def detect(edge: Edge, texts: list[str], html: bool) -> list[Detection]:
@@ -81,4 +82,5 @@ async def _call(edge: Edge, ask: Ask, source: str, texts: list[str], caller: Cal
     if ask.alternatives:
         request.options.alternatives = ask.alternatives + 1  # the translation itself, then its alternatives
     request.glossary_id = ask.glossary_id
+    request.priority = pb.PRIORITY_BACKGROUND if ask.background else pb.PRIORITY_INTERACTIVE
     return await edge.gateway.unary("Translate", request, caller)

@@ -12,8 +12,10 @@ import threading
 import time
 
 import grpc
+import pytest
 
 from client.client import TranslatorClient
+from protos.nmt.v1 import translator_pb2 as pb
 from tests.serving import flickr_sentences, read_to_end, wait_for
 
 MODEL = "multi30k-en-de-small"
@@ -153,3 +155,32 @@ def server_metric(server, name: str, **labels) -> float:
         if m and m.group(1) == name and all(f'{k}="{v}"' in (m.group(2) or "") for k, v in labels.items()):
             total += float(m.group(3))
     return total
+
+
+def test_background_work_and_interactive_calls_take_different_replicas(start_server):
+    """PRIORITY_BACKGROUND calls (a document's texts) go to the replica with the least interactive work,
+    interactive calls to replicas holding no background work: they decode side by side, not in one batch."""
+    srv = start_server(engine_core="process", engine_replicas=2, runaway_guard=False)
+    texts = flickr_sentences(3)
+    with TranslatorClient(srv.target, timeout=120, retries=0) as client, cf.ThreadPoolExecutor(2) as pool:
+        counts = [len(m.link.jobs) for m in srv.app.core.members]
+        document = pool.submit(client.translate, texts[:2], model=MODEL, background=True, **LONG)
+        assert wait_for(lambda: sum(len(m.link.jobs) for m in srv.app.core.members) == 2)
+        home = replica_of(srv, counts)
+        counts = [len(m.link.jobs) for m in srv.app.core.members]
+        stream = client.translate_stream(texts[2], model=MODEL, **LONG)
+        next(iter(stream))
+        assert replica_of(srv, counts) == 1 - home  # packing would have put it beside the document
+        counts = [len(m.link.jobs) for m in srv.app.core.members]
+        more = pool.submit(client.translate, texts[:1], model=MODEL, background=True, **LONG)
+        assert wait_for(lambda: sum(len(m.link.jobs) for m in srv.app.core.members) == 4)
+        assert replica_of(srv, counts) == home  # the replica without interactive work
+        assert read_to_end(stream)[0] == grpc.StatusCode.OK
+        alone = client.translate(texts[:2], model=MODEL, **LONG)
+        assert [h.hypotheses[0].text for h in document.result().translations] == \
+            [h.hypotheses[0].text for h in alone.translations]  # the same results either way
+        assert more.result().translations[0].hypotheses[0].text == alone.translations[0].hypotheses[0].text
+    with TranslatorClient(srv.target, timeout=60, retries=0) as client:
+        with pytest.raises(grpc.RpcError) as refused:
+            client._call(client.stub.Translate, pb.TranslateRequest(texts=["A dog."], priority=7), 60)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "priority 7" in refused.value.details()

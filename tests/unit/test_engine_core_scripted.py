@@ -294,6 +294,36 @@ def test_admission_is_first_come_first_served_even_when_a_later_text_would_fit()
     assert bench.tokens(first) == [10, 11, 12] and bench.tokens(beam) == [20, 21] and bench.tokens(small) == [30]
 
 
+def test_interactive_texts_are_admitted_before_waiting_background_ones():
+    bench = Bench(slots=2)
+    running = bench.submit(bench.job((10, 11, 12)))
+    bench.step()
+    docs = bench.submit(*[bench.job((20 + i,), background=True) for i in range(3)])
+    chat = bench.submit(bench.job((30, 31)))  # arrives after the document's texts, goes first
+    bench.step()  # one slot free: the interactive text takes it
+    assert bench.rt.encoded[1] == [(30, 31)] and list(bench.sched.waiting) == list(docs)
+    late = bench.submit(bench.job((40,)))
+    bench.run()
+    order = [src for batch in bench.rt.encoded for src in batch]
+    assert order.index((40,)) < order.index((20,))  # the slots stayed full: the later interactive text first
+    # Background texts keep their own order, and their results are what they are alone.
+    assert [order.index((20 + i,)) for i in range(3)] == sorted(order.index((20 + i,)) for i in range(3))
+    assert [bench.tokens(j) for j in (running, *docs, chat, late)] == [[10, 11, 12], [20], [21], [22], [30, 31], [40]]
+    assert not bench.sched.background
+
+
+def test_background_texts_take_at_most_half_the_queue():
+    bench = Bench(max_queue=8)
+    bench.submit(*[bench.job((20 + i,), background=True) for i in range(3)])
+    with pytest.raises(ResourceExhausted, match="background"):
+        bench.submit(*[bench.job((30 + i,), background=True) for i in range(2)])
+    bench.submit(*[bench.job((40 + i,)) for i in range(5)])  # interactive texts find the rest
+    bench.run()
+    lone = Bench(max_queue=8)  # an empty queue takes a background request of any size it could hold
+    lone.submit(*[lone.job((20 + i,), background=True) for i in range(6)])
+    lone.run()
+
+
 def test_the_encoder_budget_splits_admission_and_an_oversized_text_goes_alone():
     bench = Bench(max_encode_tokens=10, max_encode_batch=2)
     a, b, c, d, e = bench.submit(*[bench.job(s) for s in ((10,) * 5, (11,) * 5, (12,) * 6, (13,) * 12, (14,))])

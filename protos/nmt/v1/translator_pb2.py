@@ -24,51 +24,59 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eprotos/nmt/v1/translator.proto\x12\x06nmt.v1\"\x8e\x03\n\x0f\x44\x65\x63odingOptions\x12\x11\n\tbeam_size\x18\x01 \x01(\r\x12\x1b\n\x0elength_penalty\x18\x02 \x01(\x02H\x00\x88\x01\x01\x12\x13\n\x0btemperature\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\r\n\x05top_p\x18\x05 \x01(\x02\x12\x11\n\x04seed\x18\x06 \x01(\x04H\x01\x88\x01\x01\x12\x19\n\x11max_output_tokens\x18\x07 \x01(\r\x12\x16\n\x0enum_hypotheses\x18\x08 \x01(\r\x12\x1f\n\x12repetition_penalty\x18\t \x01(\x02H\x02\x88\x01\x01\x12\x1c\n\x14no_repeat_ngram_size\x18\n \x01(\r\x12\x19\n\x11min_output_tokens\x18\x0b \x01(\r\x12\x18\n\x10no_unknown_token\x18\x0c \x01(\x08\x12\x15\n\rtarget_prefix\x18\r \x01(\t\x12\x14\n\x0c\x61lternatives\x18\x0e \x01(\rB\x11\n\x0f_length_penaltyB\x07\n\x05_seedB\x15\n\x13_repetition_penalty\"\xc4\x02\n\x10TranslateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05texts\x18\x02 \x03(\t\x12(\n\x07options\x18\x03 \x01(\x0b\x32\x17.nmt.v1.DecodingOptions\x12\x15\n\rreturn_scores\x18\x04 \x01(\x08\x12\x15\n\rreturn_tokens\x18\x05 \x01(\x08\x12\x17\n\x0fsource_language\x18\x06 \x01(\t\x12\x17\n\x0ftarget_language\x18\x07 \x01(\t\x12/\n\x0fsplit_sentences\x18\x08 \x01(\x0e\x32\x16.nmt.v1.SplitSentences\x12\x11\n\tmime_type\x18\t \x01(\t\x12\x13\n\x0bglossary_id\x18\n \x01(\t\x12/\n\x10glossary_entries\x18\x0b \x03(\x0b\x32\x15.nmt.v1.GlossaryEntry\"/\n\rGlossaryEntry\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\"S\n\x0bGlossaryHit\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\x12\x13\n\x0boccurrences\x18\x03 \x01(\r\x12\x0f\n\x07\x61pplied\x18\x04 \x01(\x08\"T\n\x07Timings\x12\x15\n\rqueue_seconds\x18\x01 \x01(\x01\x12\x1b\n\x13\x66irst_token_seconds\x18\x02 \x01(\x01\x12\x15\n\rtotal_seconds\x18\x03 \x01(\x01\"L\n\nHypothesis\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x02\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x0e\n\x06tokens\x18\x04 \x03(\t\"\xf0\x01\n\x0bTranslation\x12&\n\nhypotheses\x18\x01 \x03(\x0b\x32\x12.nmt.v1.Hypothesis\x12+\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x14.nmt.v1.FinishReason\x12\x14\n\x0cinput_tokens\x18\x03 \x01(\r\x12\x15\n\routput_tokens\x18\x04 \x01(\r\x12 \n\x07timings\x18\x05 \x01(\x0b\x32\x0f.nmt.v1.Timings\x12\x11\n\tsentences\x18\x06 \x01(\r\x12*\n\rglossary_hits\x18\x07 \x03(\x0b\x32\x13.nmt.v1.GlossaryHit\"\x8d\x01\n\x11TranslateResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12)\n\x0ctranslations\x18\x02 \x03(\x0b\x32\x13.nmt.v1.Translation\x12 \n\x18\x64\x65tected_source_language\x18\x03 \x01(\t\x12\x1c\n\x14\x64\x65tection_confidence\x18\x04 \x01(\x02\"\x9b\x02\n\x16TranslateStreamRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12(\n\x07options\x18\x03 \x01(\x0b\x32\x17.nmt.v1.DecodingOptions\x12\x17\n\x0fsource_language\x18\x04 \x01(\t\x12\x17\n\x0ftarget_language\x18\x05 \x01(\t\x12/\n\x0fsplit_sentences\x18\x06 \x01(\x0e\x32\x16.nmt.v1.SplitSentences\x12\x11\n\tmime_type\x18\x07 \x01(\t\x12\x13\n\x0bglossary_id\x18\x08 \x01(\t\x12/\n\x10glossary_entries\x18\t \x03(\x0b\x32\x15.nmt.v1.GlossaryEntry\"\xc1\x02\n\x17TranslateStreamResponse\x12\r\n\x05\x64\x65lta\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\r\n\x05\x66inal\x18\x03 \x01(\x08\x12+\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x14.nmt.v1.FinishReason\x12\x14\n\x0cinput_tokens\x18\x05 \x01(\r\x12\x15\n\routput_tokens\x18\x06 \x01(\r\x12 \n\x07timings\x18\x07 \x01(\x0b\x32\x0f.nmt.v1.Timings\x12\r\n\x05model\x18\x08 \x01(\t\x12 \n\x18\x64\x65tected_source_language\x18\t \x01(\t\x12\x1c\n\x14\x64\x65tection_confidence\x18\n \x01(\x02\x12*\n\rglossary_hits\x18\x0b \x03(\x0b\x32\x13.nmt.v1.GlossaryHit\"?\n\x0c\x45mbedRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05texts\x18\x02 \x03(\t\x12\x11\n\tnormalize\x18\x03 \x01(\x08\"+\n\tEmbedding\x12\x0e\n\x06values\x18\x01 \x03(\x02\x12\x0e\n\x06tokens\x18\x02 \x01(\r\"X\n\rEmbedResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x11\n\tdimension\x18\x02 \x01(\r\x12%\n\nembeddings\x18\x03 \x03(\x0b\x32\x11.nmt.v1.Embedding\"\x13\n\x11ListModelsRequest\"\xde\x02\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\r\x12\x17\n\x0fsource_language\x18\x03 \x01(\t\x12\x17\n\x0ftarget_language\x18\x04 \x01(\t\x12\x12\n\nis_default\x18\x05 \x01(\x08\x12\x19\n\x11max_source_tokens\x18\x06 \x01(\r\x12\x19\n\x11max_output_tokens\x18\x07 \x01(\r\x12\x1d\n\x15max_texts_per_request\x18\x08 \x01(\r\x12\x15\n\rmax_beam_size\x18\t \x01(\r\x12\x0f\n\x07variant\x18\n \x01(\t\x12\x10\n\x08provider\x18\x0b \x01(\t\x12\x12\n\nvocab_size\x18\x0c \x01(\r\x12\x1b\n\x13\x65mbedding_dimension\x18\r \x01(\r\x12,\n\x0elanguage_pairs\x18\x0e \x03(\x0b\x32\x14.nmt.v1.LanguagePair\"@\n\x0cLanguagePair\x12\x17\n\x0fsource_language\x18\x01 \x01(\t\x12\x17\n\x0ftarget_language\x18\x02 \x01(\t\"N\n\x12ListModelsResponse\x12!\n\x06models\x18\x01 \x03(\x0b\x32\x11.nmt.v1.ModelInfo\x12\x15\n\rdefault_model\x18\x02 \x01(\t*\x96\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03\x12\x19\n\x15\x46INISH_REASON_RUNAWAY\x10\x04*\x80\x01\n\x0eSplitSentences\x12\x1f\n\x1bSPLIT_SENTENCES_UNSPECIFIED\x10\x00\x12\x16\n\x12SPLIT_SENTENCES_ON\x10\x01\x12\x17\n\x13SPLIT_SENTENCES_OFF\x10\x02\x12\x1c\n\x18SPLIT_SENTENCES_NEWLINES\x10\x03\x32\x9f\x02\n\nTranslator\x12@\n\tTranslate\x12\x18.nmt.v1.TranslateRequest\x1a\x19.nmt.v1.TranslateResponse\x12T\n\x0fTranslateStream\x12\x1e.nmt.v1.TranslateStreamRequest\x1a\x1f.nmt.v1.TranslateStreamResponse0\x01\x12\x34\n\x05\x45mbed\x12\x14.nmt.v1.EmbedRequest\x1a\x15.nmt.v1.EmbedResponse\x12\x43\n\nListModels\x12\x19.nmt.v1.ListModelsRequest\x1a\x1a.nmt.v1.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eprotos/nmt/v1/translator.proto\x12\x06nmt.v1\"\x8e\x03\n\x0f\x44\x65\x63odingOptions\x12\x11\n\tbeam_size\x18\x01 \x01(\r\x12\x1b\n\x0elength_penalty\x18\x02 \x01(\x02H\x00\x88\x01\x01\x12\x13\n\x0btemperature\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\r\n\x05top_p\x18\x05 \x01(\x02\x12\x11\n\x04seed\x18\x06 \x01(\x04H\x01\x88\x01\x01\x12\x19\n\x11max_output_tokens\x18\x07 \x01(\r\x12\x16\n\x0enum_hypotheses\x18\x08 \x01(\r\x12\x1f\n\x12repetition_penalty\x18\t \x01(\x02H\x02\x88\x01\x01\x12\x1c\n\x14no_repeat_ngram_size\x18\n \x01(\r\x12\x19\n\x11min_output_tokens\x18\x0b \x01(\r\x12\x18\n\x10no_unknown_token\x18\x0c \x01(\x08\x12\x15\n\rtarget_prefix\x18\r \x01(\t\x12\x14\n\x0c\x61lternatives\x18\x0e \x01(\rB\x11\n\x0f_length_penaltyB\x07\n\x05_seedB\x15\n\x13_repetition_penalty\"\xe8\x02\n\x10TranslateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05texts\x18\x02 \x03(\t\x12(\n\x07options\x18\x03 \x01(\x0b\x32\x17.nmt.v1.DecodingOptions\x12\x15\n\rreturn_scores\x18\x04 \x01(\x08\x12\x15\n\rreturn_tokens\x18\x05 \x01(\x08\x12\x17\n\x0fsource_language\x18\x06 \x01(\t\x12\x17\n\x0ftarget_language\x18\x07 \x01(\t\x12/\n\x0fsplit_sentences\x18\x08 \x01(\x0e\x32\x16.nmt.v1.SplitSentences\x12\x11\n\tmime_type\x18\t \x01(\t\x12\x13\n\x0bglossary_id\x18\n \x01(\t\x12/\n\x10glossary_entries\x18\x0b \x03(\x0b\x32\x15.nmt.v1.GlossaryEntry\x12\"\n\x08priority\x18\x0c \x01(\x0e\x32\x10.nmt.v1.Priority\"/\n\rGlossaryEntry\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\"S\n\x0bGlossaryHit\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\x12\x13\n\x0boccurrences\x18\x03 \x01(\r\x12\x0f\n\x07\x61pplied\x18\x04 \x01(\x08\"T\n\x07Timings\x12\x15\n\rqueue_seconds\x18\x01 \x01(\x01\x12\x1b\n\x13\x66irst_token_seconds\x18\x02 \x01(\x01\x12\x15\n\rtotal_seconds\x18\x03 \x01(\x01\"L\n\nHypothesis\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x02\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x0e\n\x06tokens\x18\x04 \x03(\t\"\xf0\x01\n\x0bTranslation\x12&\n\nhypotheses\x18\x01 \x03(\x0b\x32\x12.nmt.v1.Hypothesis\x12+\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x14.nmt.v1.FinishReason\x12\x14\n\x0cinput_tokens\x18\x03 \x01(\r\x12\x15\n\routput_tokens\x18\x04 \x01(\r\x12 \n\x07timings\x18\x05 \x01(\x0b\x32\x0f.nmt.v1.Timings\x12\x11\n\tsentences\x18\x06 \x01(\r\x12*\n\rglossary_hits\x18\x07 \x03(\x0b\x32\x13.nmt.v1.GlossaryHit\"\x8d\x01\n\x11TranslateResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12)\n\x0ctranslations\x18\x02 \x03(\x0b\x32\x13.nmt.v1.Translation\x12 \n\x18\x64\x65tected_source_language\x18\x03 \x01(\t\x12\x1c\n\x14\x64\x65tection_confidence\x18\x04 \x01(\x02\"\x9b\x02\n\x16TranslateStreamRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12(\n\x07options\x18\x03 \x01(\x0b\x32\x17.nmt.v1.DecodingOptions\x12\x17\n\x0fsource_language\x18\x04 \x01(\t\x12\x17\n\x0ftarget_language\x18\x05 \x01(\t\x12/\n\x0fsplit_sentences\x18\x06 \x01(\x0e\x32\x16.nmt.v1.SplitSentences\x12\x11\n\tmime_type\x18\x07 \x01(\t\x12\x13\n\x0bglossary_id\x18\x08 \x01(\t\x12/\n\x10glossary_entries\x18\t \x03(\x0b\x32\x15.nmt.v1.GlossaryEntry\"\xc1\x02\n\x17TranslateStreamResponse\x12\r\n\x05\x64\x65lta\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\r\n\x05\x66inal\x18\x03 \x01(\x08\x12+\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x14.nmt.v1.FinishReason\x12\x14\n\x0cinput_tokens\x18\x05 \x01(\r\x12\x15\n\routput_tokens\x18\x06 \x01(\r\x12 \n\x07timings\x18\x07 \x01(\x0b\x32\x0f.nmt.v1.Timings\x12\r\n\x05model\x18\x08 \x01(\t\x12 \n\x18\x64\x65tected_source_language\x18\t \x01(\t\x12\x1c\n\x14\x64\x65tection_confidence\x18\n \x01(\x02\x12*\n\rglossary_hits\x18\x0b \x03(\x0b\x32\x13.nmt.v1.GlossaryHit\"?\n\x0c\x45mbedRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05texts\x18\x02 \x03(\t\x12\x11\n\tnormalize\x18\x03 \x01(\x08\"+\n\tEmbedding\x12\x0e\n\x06values\x18\x01 \x03(\x02\x12\x0e\n\x06tokens\x18\x02 \x01(\r\"X\n\rEmbedResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x11\n\tdimension\x18\x02 \x01(\r\x12%\n\nembeddings\x18\x03 \x03(\x0b\x32\x11.nmt.v1.Embedding\"\x13\n\x11ListModelsRequest\"\xde\x02\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\r\x12\x17\n\x0fsource_language\x18\x03 \x01(\t\x12\x17\n\x0ftarget_language\x18\x04 \x01(\t\x12\x12\n\nis_default\x18\x05 \x01(\x08\x12\x19\n\x11max_source_tokens\x18\x06 \x01(\r\x12\x19\n\x11max_output_tokens\x18\x07 \x01(\r\x12\x1d\n\x15max_texts_per_request\x18\x08 \x01(\r\x12\x15\n\rmax_beam_size\x18\t \x01(\r\x12\x0f\n\x07variant\x18\n \x01(\t\x12\x10\n\x08provider\x18\x0b \x01(\t\x12\x12\n\nvocab_size\x18\x0c \x01(\r\x12\x1b\n\x13\x65mbedding_dimension\x18\r \x01(\r\x12,\n\x0elanguage_pairs\x18\x0e \x03(\x0b\x32\x14.nmt.v1.LanguagePair\"@\n\x0cLanguagePair\x12\x17\n\x0fsource_language\x18\x01 \x01(\t\x12\x17\n\x0ftarget_language\x18\x02 \x01(\t\"N\n\x12ListModelsResponse\x12!\n\x06models\x18\x01 \x03(\x0b\x32\x11.nmt.v1.ModelInfo\x12\x15\n\rdefault_model\x18\x02 \x01(\t\"\x80\x01\n\x14TranslateFileRequest\x12\x10\n\x08\x66ilename\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\x0c\x12\x17\n\x0fsource_language\x18\x03 \x01(\t\x12\x17\n\x0ftarget_language\x18\x04 \x01(\t\x12\x13\n\x0bglossary_id\x18\x05 \x01(\t\"\xdc\x01\n\x15TranslateFileResponse\x12\"\n\x06status\x18\x01 \x01(\x0e\x32\x12.nmt.v1.FileStatus\x12\x15\n\rsegments_done\x18\x02 \x01(\r\x12\x16\n\x0esegments_total\x18\x03 \x01(\r\x12\x19\n\x11seconds_remaining\x18\x04 \x01(\r\x12\x19\n\x11\x62illed_characters\x18\x05 \x01(\x04\x12\x17\n\x0fsource_language\x18\x06 \x01(\t\x12\x10\n\x08\x66ilename\x18\x07 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x08 \x01(\x0c*=\n\x08Priority\x12\x18\n\x14PRIORITY_INTERACTIVE\x10\x00\x12\x17\n\x13PRIORITY_BACKGROUND\x10\x01*\x96\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03\x12\x19\n\x15\x46INISH_REASON_RUNAWAY\x10\x04*\x80\x01\n\x0eSplitSentences\x12\x1f\n\x1bSPLIT_SENTENCES_UNSPECIFIED\x10\x00\x12\x16\n\x12SPLIT_SENTENCES_ON\x10\x01\x12\x17\n\x13SPLIT_SENTENCES_OFF\x10\x02\x12\x1c\n\x18SPLIT_SENTENCES_NEWLINES\x10\x03*t\n\nFileStatus\x12\x1b\n\x17\x46ILE_STATUS_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46ILE_STATUS_QUEUED\x10\x01\x12\x1b\n\x17\x46ILE_STATUS_TRANSLATING\x10\x02\x12\x14\n\x10\x46ILE_STATUS_DONE\x10\x03\x32\xef\x02\n\nTranslator\x12@\n\tTranslate\x12\x18.nmt.v1.TranslateRequest\x1a\x19.nmt.v1.TranslateResponse\x12T\n\x0fTranslateStream\x12\x1e.nmt.v1.TranslateStreamRequest\x1a\x1f.nmt.v1.TranslateStreamResponse0\x01\x12\x34\n\x05\x45mbed\x12\x14.nmt.v1.EmbedRequest\x1a\x15.nmt.v1.EmbedResponse\x12\x43\n\nListModels\x12\x19.nmt.v1.ListModelsRequest\x1a\x1a.nmt.v1.ListModelsResponse\x12N\n\rTranslateFile\x12\x1c.nmt.v1.TranslateFileRequest\x1a\x1d.nmt.v1.TranslateFileResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.nmt.v1.translator_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=2786
-  _globals['_FINISHREASON']._serialized_end=2936
-  _globals['_SPLITSENTENCES']._serialized_start=2939
-  _globals['_SPLITSENTENCES']._serialized_end=3067
+  _globals['_PRIORITY']._serialized_start=3175
+  _globals['_PRIORITY']._serialized_end=3236
+  _globals['_FINISHREASON']._serialized_start=3239
+  _globals['_FINISHREASON']._serialized_end=3389
+  _globals['_SPLITSENTENCES']._serialized_start=3392
+  _globals['_SPLITSENTENCES']._serialized_end=3520
+  _globals['_FILESTATUS']._serialized_start=3522
+  _globals['_FILESTATUS']._serialized_end=3638
   _globals['_DECODINGOPTIONS']._serialized_start=43
   _globals['_DECODINGOPTIONS']._serialized_end=441
   _globals['_TRANSLATEREQUEST']._serialized_start=444
-  _globals['_TRANSLATEREQUEST']._serialized_end=768
-  _globals['_GLOSSARYENTRY']._serialized_start=770
-  _globals['_GLOSSARYENTRY']._serialized_end=817
-  _globals['_GLOSSARYHIT']._serialized_start=819
-  _globals['_GLOSSARYHIT']._serialized_end=902
-  _globals['_TIMINGS']._serialized_start=904
-  _globals['_TIMINGS']._serialized_end=988
-  _globals['_HYPOTHESIS']._serialized_start=990
-  _globals['_HYPOTHESIS']._serialized_end=1066
-  _globals['_TRANSLATION']._serialized_start=1069
-  _globals['_TRANSLATION']._serialized_end=1309
-  _globals['_TRANSLATERESPONSE']._serialized_start=1312
-  _globals['_TRANSLATERESPONSE']._serialized_end=1453
-  _globals['_TRANSLATESTREAMREQUEST']._serialized_start=1456
-  _globals['_TRANSLATESTREAMREQUEST']._serialized_end=1739
-  _globals['_TRANSLATESTREAMRESPONSE']._serialized_start=1742
-  _globals['_TRANSLATESTREAMRESPONSE']._serialized_end=2063
-  _globals['_EMBEDREQUEST']._serialized_start=2065
-  _globals['_EMBEDREQUEST']._serialized_end=2128
-  _globals['_EMBEDDING']._serialized_start=2130
-  _globals['_EMBEDDING']._serialized_end=2173
-  _globals['_EMBEDRESPONSE']._serialized_start=2175
-  _globals['_EMBEDRESPONSE']._serialized_end=2263
-  _globals['_LISTMODELSREQUEST']._serialized_start=2265
-  _globals['_LISTMODELSREQUEST']._serialized_end=2284
-  _globals['_MODELINFO']._serialized_start=2287
-  _globals['_MODELINFO']._serialized_end=2637
-  _globals['_LANGUAGEPAIR']._serialized_start=2639
-  _globals['_LANGUAGEPAIR']._serialized_end=2703
-  _globals['_LISTMODELSRESPONSE']._serialized_start=2705
-  _globals['_LISTMODELSRESPONSE']._serialized_end=2783
-  _globals['_TRANSLATOR']._serialized_start=3070
-  _globals['_TRANSLATOR']._serialized_end=3357
+  _globals['_TRANSLATEREQUEST']._serialized_end=804
+  _globals['_GLOSSARYENTRY']._serialized_start=806
+  _globals['_GLOSSARYENTRY']._serialized_end=853
+  _globals['_GLOSSARYHIT']._serialized_start=855
+  _globals['_GLOSSARYHIT']._serialized_end=938
+  _globals['_TIMINGS']._serialized_start=940
+  _globals['_TIMINGS']._serialized_end=1024
+  _globals['_HYPOTHESIS']._serialized_start=1026
+  _globals['_HYPOTHESIS']._serialized_end=1102
+  _globals['_TRANSLATION']._serialized_start=1105
+  _globals['_TRANSLATION']._serialized_end=1345
+  _globals['_TRANSLATERESPONSE']._serialized_start=1348
+  _globals['_TRANSLATERESPONSE']._serialized_end=1489
+  _globals['_TRANSLATESTREAMREQUEST']._serialized_start=1492
+  _globals['_TRANSLATESTREAMREQUEST']._serialized_end=1775
+  _globals['_TRANSLATESTREAMRESPONSE']._serialized_start=1778
+  _globals['_TRANSLATESTREAMRESPONSE']._serialized_end=2099
+  _globals['_EMBEDREQUEST']._serialized_start=2101
+  _globals['_EMBEDREQUEST']._serialized_end=2164
+  _globals['_EMBEDDING']._serialized_start=2166
+  _globals['_EMBEDDING']._serialized_end=2209
+  _globals['_EMBEDRESPONSE']._serialized_start=2211
+  _globals['_EMBEDRESPONSE']._serialized_end=2299
+  _globals['_LISTMODELSREQUEST']._serialized_start=2301
+  _globals['_LISTMODELSREQUEST']._serialized_end=2320
+  _globals['_MODELINFO']._serialized_start=2323
+  _globals['_MODELINFO']._serialized_end=2673
+  _globals['_LANGUAGEPAIR']._serialized_start=2675
+  _globals['_LANGUAGEPAIR']._serialized_end=2739
+  _globals['_LISTMODELSRESPONSE']._serialized_start=2741
+  _globals['_LISTMODELSRESPONSE']._serialized_end=2819
+  _globals['_TRANSLATEFILEREQUEST']._serialized_start=2822
+  _globals['_TRANSLATEFILEREQUEST']._serialized_end=2950
+  _globals['_TRANSLATEFILERESPONSE']._serialized_start=2953
+  _globals['_TRANSLATEFILERESPONSE']._serialized_end=3173
+  _globals['_TRANSLATOR']._serialized_start=3641
+  _globals['_TRANSLATOR']._serialized_end=4008
 # @@protoc_insertion_point(module_scope)

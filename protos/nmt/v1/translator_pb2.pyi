@@ -7,6 +7,11 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class Priority(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PRIORITY_INTERACTIVE: _ClassVar[Priority]
+    PRIORITY_BACKGROUND: _ClassVar[Priority]
+
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
@@ -21,6 +26,15 @@ class SplitSentences(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SPLIT_SENTENCES_ON: _ClassVar[SplitSentences]
     SPLIT_SENTENCES_OFF: _ClassVar[SplitSentences]
     SPLIT_SENTENCES_NEWLINES: _ClassVar[SplitSentences]
+
+class FileStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FILE_STATUS_UNSPECIFIED: _ClassVar[FileStatus]
+    FILE_STATUS_QUEUED: _ClassVar[FileStatus]
+    FILE_STATUS_TRANSLATING: _ClassVar[FileStatus]
+    FILE_STATUS_DONE: _ClassVar[FileStatus]
+PRIORITY_INTERACTIVE: Priority
+PRIORITY_BACKGROUND: Priority
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_EOS: FinishReason
 FINISH_REASON_LENGTH: FinishReason
@@ -30,6 +44,10 @@ SPLIT_SENTENCES_UNSPECIFIED: SplitSentences
 SPLIT_SENTENCES_ON: SplitSentences
 SPLIT_SENTENCES_OFF: SplitSentences
 SPLIT_SENTENCES_NEWLINES: SplitSentences
+FILE_STATUS_UNSPECIFIED: FileStatus
+FILE_STATUS_QUEUED: FileStatus
+FILE_STATUS_TRANSLATING: FileStatus
+FILE_STATUS_DONE: FileStatus
 
 class DecodingOptions(_message.Message):
     __slots__ = ("beam_size", "length_penalty", "temperature", "top_k", "top_p", "seed", "max_output_tokens", "num_hypotheses", "repetition_penalty", "no_repeat_ngram_size", "min_output_tokens", "no_unknown_token", "target_prefix", "alternatives")
@@ -64,7 +82,7 @@ class DecodingOptions(_message.Message):
     def __init__(self, beam_size: _Optional[int] = ..., length_penalty: _Optional[float] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., max_output_tokens: _Optional[int] = ..., num_hypotheses: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., no_repeat_ngram_size: _Optional[int] = ..., min_output_tokens: _Optional[int] = ..., no_unknown_token: _Optional[bool] = ..., target_prefix: _Optional[str] = ..., alternatives: _Optional[int] = ...) -> None: ...
 
 class TranslateRequest(_message.Message):
-    __slots__ = ("model", "texts", "options", "return_scores", "return_tokens", "source_language", "target_language", "split_sentences", "mime_type", "glossary_id", "glossary_entries")
+    __slots__ = ("model", "texts", "options", "return_scores", "return_tokens", "source_language", "target_language", "split_sentences", "mime_type", "glossary_id", "glossary_entries", "priority")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TEXTS_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +94,7 @@ class TranslateRequest(_message.Message):
     MIME_TYPE_FIELD_NUMBER: _ClassVar[int]
     GLOSSARY_ID_FIELD_NUMBER: _ClassVar[int]
     GLOSSARY_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     model: str
     texts: _containers.RepeatedScalarFieldContainer[str]
     options: DecodingOptions
@@ -87,7 +106,8 @@ class TranslateRequest(_message.Message):
     mime_type: str
     glossary_id: str
     glossary_entries: _containers.RepeatedCompositeFieldContainer[GlossaryEntry]
-    def __init__(self, model: _Optional[str] = ..., texts: _Optional[_Iterable[str]] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., return_scores: _Optional[bool] = ..., return_tokens: _Optional[bool] = ..., source_language: _Optional[str] = ..., target_language: _Optional[str] = ..., split_sentences: _Optional[_Union[SplitSentences, str]] = ..., mime_type: _Optional[str] = ..., glossary_id: _Optional[str] = ..., glossary_entries: _Optional[_Iterable[_Union[GlossaryEntry, _Mapping]]] = ...) -> None: ...
+    priority: Priority
+    def __init__(self, model: _Optional[str] = ..., texts: _Optional[_Iterable[str]] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., return_scores: _Optional[bool] = ..., return_tokens: _Optional[bool] = ..., source_language: _Optional[str] = ..., target_language: _Optional[str] = ..., split_sentences: _Optional[_Union[SplitSentences, str]] = ..., mime_type: _Optional[str] = ..., glossary_id: _Optional[str] = ..., glossary_entries: _Optional[_Iterable[_Union[GlossaryEntry, _Mapping]]] = ..., priority: _Optional[_Union[Priority, str]] = ...) -> None: ...
 
 class GlossaryEntry(_message.Message):
     __slots__ = ("source", "target")
@@ -288,3 +308,37 @@ class ListModelsResponse(_message.Message):
     models: _containers.RepeatedCompositeFieldContainer[ModelInfo]
     default_model: str
     def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., default_model: _Optional[str] = ...) -> None: ...
+
+class TranslateFileRequest(_message.Message):
+    __slots__ = ("filename", "content", "source_language", "target_language", "glossary_id")
+    FILENAME_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    GLOSSARY_ID_FIELD_NUMBER: _ClassVar[int]
+    filename: str
+    content: bytes
+    source_language: str
+    target_language: str
+    glossary_id: str
+    def __init__(self, filename: _Optional[str] = ..., content: _Optional[bytes] = ..., source_language: _Optional[str] = ..., target_language: _Optional[str] = ..., glossary_id: _Optional[str] = ...) -> None: ...
+
+class TranslateFileResponse(_message.Message):
+    __slots__ = ("status", "segments_done", "segments_total", "seconds_remaining", "billed_characters", "source_language", "filename", "content")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_DONE_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_REMAINING_FIELD_NUMBER: _ClassVar[int]
+    BILLED_CHARACTERS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    FILENAME_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    status: FileStatus
+    segments_done: int
+    segments_total: int
+    seconds_remaining: int
+    billed_characters: int
+    source_language: str
+    filename: str
+    content: bytes
+    def __init__(self, status: _Optional[_Union[FileStatus, str]] = ..., segments_done: _Optional[int] = ..., segments_total: _Optional[int] = ..., seconds_remaining: _Optional[int] = ..., billed_characters: _Optional[int] = ..., source_language: _Optional[str] = ..., filename: _Optional[str] = ..., content: _Optional[bytes] = ...) -> None: ...

@@ -54,6 +54,11 @@ class TranslatorStub:
                 request_serializer=protos_dot_nmt_dot_v1_dot_translator__pb2.ListModelsRequest.SerializeToString,
                 response_deserializer=protos_dot_nmt_dot_v1_dot_translator__pb2.ListModelsResponse.FromString,
                 _registered_method=True)
+        self.TranslateFile = channel.unary_stream(
+                '/nmt.v1.Translator/TranslateFile',
+                request_serializer=protos_dot_nmt_dot_v1_dot_translator__pb2.TranslateFileRequest.SerializeToString,
+                response_deserializer=protos_dot_nmt_dot_v1_dot_translator__pb2.TranslateFileResponse.FromString,
+                _registered_method=True)
 
 
 class TranslatorServicer:
@@ -88,6 +93,15 @@ class TranslatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TranslateFile(self, request, context):
+        """Translate a document file (Word, PowerPoint, Excel, OpenDocument, SubRip, XLIFF, gettext, HTML,
+        text) with its formatting kept, as the HTTP /v1/files does (docs/documents.md): progress while
+        the job runs, then one message with the translated file. Cancelling the call drops the job.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TranslatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -110,6 +124,11 @@ def add_TranslatorServicer_to_server(servicer, server):
                     servicer.ListModels,
                     request_deserializer=protos_dot_nmt_dot_v1_dot_translator__pb2.ListModelsRequest.FromString,
                     response_serializer=protos_dot_nmt_dot_v1_dot_translator__pb2.ListModelsResponse.SerializeToString,
+            ),
+            'TranslateFile': grpc.unary_stream_rpc_method_handler(
+                    servicer.TranslateFile,
+                    request_deserializer=protos_dot_nmt_dot_v1_dot_translator__pb2.TranslateFileRequest.FromString,
+                    response_serializer=protos_dot_nmt_dot_v1_dot_translator__pb2.TranslateFileResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -220,6 +239,33 @@ class Translator:
             '/nmt.v1.Translator/ListModels',
             protos_dot_nmt_dot_v1_dot_translator__pb2.ListModelsRequest.SerializeToString,
             protos_dot_nmt_dot_v1_dot_translator__pb2.ListModelsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TranslateFile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/nmt.v1.Translator/TranslateFile',
+            protos_dot_nmt_dot_v1_dot_translator__pb2.TranslateFileRequest.SerializeToString,
+            protos_dot_nmt_dot_v1_dot_translator__pb2.TranslateFileResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -140,6 +140,11 @@ HELP = {
     "document_dir": "directory of the document jobs' records and results (/v2/document, /translate_file, "
                     "/v1/files, TranslateFile), shared by the --frontends processes; a job's result is kept there "
                     "until downloaded or an hour old; empty = a temporary directory removed at exit",
+    "background_replica": "with --engine-core process on CPU: an engine core process at the lowest CPU "
+                          "priority (nice 19) for PRIORITY_BACKGROUND work (every document file's texts), started "
+                          "at its first such request and stopped after a minute without one, so a big document "
+                          "decodes on CPU time interactive calls leave idle (docs/benchmarks/document_load.md); "
+                          "false: background work shares the replicas, after interactive work in their queues",
     "engine_replicas": "engine core processes (--engine-core process), each with every model, its own ONNX Runtime "
                        "sessions, slot cache, scheduler and loop; a call goes to the replica with the least "
                        "outstanding work, a replica that dies costs only its own calls and restarts while the "
@@ -217,6 +222,7 @@ class ServerConfig:
     engine_core: str = "process"  # process | thread (server/coreprocess/)
     glossary_db: str = ""  # the glossaries' SQLite file; "" = server.glossary.store.default_path()
     document_dir: str = ""  # document jobs' spool (server/files/spool.py); "" = a temporary one per server
+    background_replica: bool = True  # a nice-19 engine core for PRIORITY_BACKGROUND work (replicas.py)
     engine_replicas: int = 0  # engine core processes (--engine-core process); 0 = one per physical core
     frontends: int = 0  # frontend processes over the core (--engine-core process); 0 = one per 4 cores
     watchdog_s: float = 30.0  # no engine step for this long with work waiting: NOT_SERVING, fail requests, exit 3
@@ -288,6 +294,14 @@ class ServerConfig:
             return 1  # one engine per GPU (this server drives one device)
         # The first frontend shares the engines' cores (its work comes between theirs); extra ones take one each.
         return max(1, physical_cores() - (self.frontend_processes - 1))
+
+    @property
+    def background_core(self) -> bool:
+        """--background-replica resolved: only with engine core processes on CPU (CPU priority means nothing
+        to a GPU, whose one engine would be loaded twice)."""
+        if not self.background_replica or self.engine_core != "process":
+            return False
+        return not (self.provider == "cuda" or (self.provider == "auto" and _cuda_available()))
 
     @property
     def engine_threads(self) -> int:

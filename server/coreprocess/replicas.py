@@ -12,10 +12,18 @@ CoreSupervisor. A request's jobs go to one replica, all of them (a document's se
 together: their order and the request's all-or-none admission are that replica's), the replica with
 the least outstanding work: the source tokens of the jobs it holds, a proxy for the decode steps they
 still need. Ties rotate, so an idle server spreads its first calls. Cancels follow each job to its
-replica (the link sets `job.on_cancel`). Background work (document files, PRIORITY_BACKGROUND) goes
-to the replica with the least interactive work, and interactive calls prefer replicas holding no
-background work, so on a server with two replicas a document decodes beside interactive calls
-instead of in their batch. A replica that dies fails only its own calls (UNAVAILABLE)
+replica (the link sets `job.on_cancel`).
+
+Background work (PRIORITY_BACKGROUND: every document file's texts) has a replica of its own, at the
+lowest CPU priority (nice 19, --background-replica). Measured on 2 cores (docs/benchmarks/
+document_load.md): a 200-page DOCX decoding in a replica of normal priority made 8 interactive
+streams' TTFT p50 1.46x and halved their tokens/s, because on a machine the interactive pipeline
+(client, frontend, replica) already keeps busy, every hop of a call waited for a core the document
+held; in a nice-19 replica the document used only the CPU time they left. That replica starts at the
+first background request and stops after BACKGROUND_IDLE_S without any, so a server that never sees
+one never pays its memory. Without it (off, starting, or an extra frontend, which cannot start it)
+background work goes to the replica with the least interactive work, and interactive calls prefer
+replicas holding no background work. A replica that dies fails only its own calls (UNAVAILABLE)
 and restarts while the others serve; readiness is NOT_SERVING only while no replica is up. Each
 replica's series carry a `replica` label (sum over it for the server's total).
 """
@@ -31,12 +39,18 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from server.config import ServerConfig
-from server.coreprocess.supervisor import CoreSupervisor
+from server.coreprocess.supervisor import CoreFailed, CoreSupervisor
 from server.core.errors import Unavailable
 from server.core.request import Job
 from server.metrics import Metrics
 
 log = logging.getLogger("server.coreprocess")
+BACKGROUND_NICE = 19  # the lowest CPU priority: the background replica runs on what the others leave
+BACKGROUND_IDLE_S = 60.0  # the background replica stops after this long without work
+
+
+async def _nothing() -> None:
+    """The background replica's down/up hooks: it never changes the server's readiness."""
 
 
 class Replicas:
@@ -53,6 +67,11 @@ class Replicas:
         # (measured: 64 streams 5,400 tok/s packed vs 4,000 spread; unary 32-text calls from 4 clients fill
         # both either way).
         self.pack_rows = cfg.max_batch_size
+        self.cfg, self.metrics = cfg, metrics
+        self.background_allowed = cfg.background_core and not attach  # the primary starts it, alone
+        self.background: CoreSupervisor | None = None  # running now
+        self._background_lock = asyncio.Lock()
+        self._background_watch: asyncio.Task | None = None
 
     # -- what the frontend and the pool read ---------------------------------------------------
     @property
@@ -84,7 +103,47 @@ class Replicas:
         return readies[0]
 
     async def stop(self, grace: float) -> None:
-        await asyncio.gather(*(m.stop(grace) for m in self.members))
+        self.background_allowed = False
+        if self._background_watch is not None:
+            self._background_watch.cancel()
+        background = [self.background] if self.background is not None else []
+        await asyncio.gather(*(m.stop(grace) for m in self.members + background))
+
+    # -- the background replica -----------------------------------------------------------------
+    async def _background_link(self):
+        """The background replica's link, started first if need be; None when there is none to use."""
+        if not self.background_allowed:
+            return None
+        async with self._background_lock:
+            if self.background is None:
+                core = CoreSupervisor(self.cfg, self.metrics, _nothing, _nothing, nice=BACKGROUND_NICE)
+                try:
+                    ready = await core.start()
+                except CoreFailed as e:  # background work goes to the replicas meanwhile
+                    log.error("background replica did not start: %s", e, extra={"event": "background_replica_failed"})
+                    await core.stop(0.0)
+                    return None
+                log.info("background replica %d ready (nice %d)", ready.pid, BACKGROUND_NICE,
+                         extra={"event": "background_replica_up", "pid": ready.pid})
+                self.background = core
+                self._background_watch = asyncio.create_task(self._retire_when_idle(core), name="background-idle")
+            return self.background.link if self.background.link.up else None
+
+    async def _retire_when_idle(self, core: CoreSupervisor) -> None:
+        """Stop the background replica once it has held no work for BACKGROUND_IDLE_S."""
+        loop = asyncio.get_running_loop()
+        busy = loop.time()
+        while True:
+            await asyncio.sleep(BACKGROUND_IDLE_S / 6)
+            async with self._background_lock:
+                if core.link.jobs:
+                    busy = loop.time()
+                elif loop.time() - busy >= BACKGROUND_IDLE_S:
+                    self.background = None  # new background work starts a fresh one
+                    log.info("background replica idle for %.0f s: stopping it", BACKGROUND_IDLE_S,
+                             extra={"event": "background_replica_idle"})
+                    await core.stop(1.0)
+                    return
 
     async def _down(self, index: int) -> None:
         """Replica `index` died (its link still counts as up until its calls are failed, just after)."""
@@ -103,9 +162,9 @@ class Replicas:
         live = [m.link for m in self.members if m.link.up]
         if not live:
             return None
-        if background:
-            return min(live, key=lambda link: (sum(not job.background for job in link.jobs.values()),
-                                               sum(len(job.src_ids) for job in link.jobs.values())))
+        if background:  # from the back (ties: the last), where interactive calls, packed from the front, are not
+            return min(reversed(live), key=lambda link: (sum(not job.background for job in link.jobs.values()),
+                                                         sum(len(job.src_ids) for job in link.jobs.values())))
         if len(live) > 1:
             live.sort(key=lambda link: any(job.background for job in link.jobs.values()))  # stable
         for link in live:
@@ -120,6 +179,15 @@ class Replicas:
         answer (UNAVAILABLE with the link down) passes them to another live one, once per replica."""
         rows = sum(job.params.rows if isinstance(job, Job) else 1 for job in jobs)  # an embedding counts one
         background = any(job.background for job in jobs)
+        if background:
+            link = await self._background_link()
+            if link is not None:
+                try:
+                    await link.submit(model, jobs)
+                    return
+                except Unavailable:
+                    if link.up:  # draining: its answer stands
+                        raise  # (lost between the choice and the answer: the replicas take it below)
         for _ in self.members:
             link = self.pick(rows, background)
             if link is None:
@@ -133,26 +201,33 @@ class Replicas:
         raise Unavailable("every engine replica is restarting; retry")
 
     async def forget(self, frontend: bytes) -> None:
-        await asyncio.gather(*(m.link.forget(frontend) for m in self.members))
+        background = [self.background] if self.background is not None else []
+        await asyncio.gather(*(m.link.forget(frontend) for m in self.members + background))
 
     async def metrics_text(self) -> str:
-        """Every replica's exposition in one, each sample labelled with its replica's index."""
-        texts = await asyncio.gather(*(m.link.metrics_text() for m in self.members))
+        """Every replica's exposition in one, each sample labelled with its replica's index ("background"
+        for the background replica while it runs)."""
+        members = list(self.members)
+        labels = [str(i) for i in range(len(members))]
+        if self.background is not None and self.background.link.up:
+            members.append(self.background)
+            labels.append("background")
+        texts = await asyncio.gather(*(m.link.metrics_text() for m in members))
         if len(texts) == 1:
             return texts[0]
-        return merged(texts)
+        return merged(texts, labels)
 
 
-def merged(texts: list[str]) -> str:
+def merged(texts: list[str], labels: list[str] | None = None) -> str:
     """Expositions of the same registry from several replicas -> one, each family once, every sample
-    with a `replica` label (its text's index)."""
+    with a `replica` label (its text's label, by default its index)."""
     families: dict[str, list] = {}
     heads: dict[str, tuple[str, str]] = {}
-    for replica, text in enumerate(texts):
+    for replica, text in zip(labels or [str(i) for i in range(len(texts))], texts):
         for family in text_string_to_metric_families(text) if text else ():
             heads.setdefault(family.name, (family.documentation, family.type))
             families.setdefault(family.name, []).extend(
-                Sample(s.name, {**s.labels, "replica": str(replica)}, s.value) for s in family.samples
+                Sample(s.name, {**s.labels, "replica": replica}, s.value) for s in family.samples
                 if not s.name.endswith("_created"))  # creation times say nothing summed over replicas
     lines = []
     for name, samples in families.items():

@@ -65,7 +65,8 @@ class CoreFailed(RuntimeError):
 
 class CoreSupervisor:
     def __init__(self, cfg: ServerConfig, metrics: Metrics, on_down: Callable[[], Awaitable[None]],
-                 on_up: Callable[[], Awaitable[None]], attach: str = ""):
+                 on_up: Callable[[], Awaitable[None]], attach: str = "", nice: int = 0):
+        """`nice`: the core's CPU priority lowered by this much (the background replica, replicas.py)."""
         self.cfg, self.metrics, self.on_down, self.on_up = cfg, metrics, on_down, on_up
         self.attached = bool(attach)  # the core is another process's child: watch and reconnect only
         self.dir = "" if attach else tempfile.mkdtemp(prefix="nmt-core-")
@@ -79,7 +80,8 @@ class CoreSupervisor:
             with open(self.config_file, "w", encoding="utf-8") as f:
                 json.dump(dataclasses.asdict(cfg), f)
             self.command = [sys.executable, "-m", "server.coreprocess", "--config", self.config_file,
-                            "--address", self.link.address, "--parent", str(os.getpid())]
+                            "--address", self.link.address, "--parent", str(os.getpid()),
+                            *(["--nice", str(nice)] if nice else [])]
 
     async def start(self) -> wire.Ready:
         """Start a core and wait for it to be Ready (raises CoreFailed if it exits first)."""

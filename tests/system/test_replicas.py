@@ -158,9 +158,10 @@ def server_metric(server, name: str, **labels) -> float:
 
 
 def test_background_work_and_interactive_calls_take_different_replicas(start_server):
-    """PRIORITY_BACKGROUND calls (a document's texts) go to the replica with the least interactive work,
-    interactive calls to replicas holding no background work: they decode side by side, not in one batch."""
-    srv = start_server(engine_core="process", engine_replicas=2, runaway_guard=False)
+    """Without the background replica, PRIORITY_BACKGROUND calls (a document's texts) go to the replica with
+    the least interactive work, interactive calls to replicas holding no background work: they decode side
+    by side, not in one batch."""
+    srv = start_server(engine_core="process", engine_replicas=2, runaway_guard=False, background_replica=False)
     texts = flickr_sentences(3)
     with TranslatorClient(srv.target, timeout=120, retries=0) as client, cf.ThreadPoolExecutor(2) as pool:
         counts = [len(m.link.jobs) for m in srv.app.core.members]
@@ -184,3 +185,33 @@ def test_background_work_and_interactive_calls_take_different_replicas(start_ser
         with pytest.raises(grpc.RpcError) as refused:
             client._call(client.stub.Translate, pb.TranslateRequest(texts=["A dog."], priority=7), 60)
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "priority 7" in refused.value.details()
+
+
+def test_background_work_runs_in_a_lowest_priority_replica_started_on_demand(start_server, monkeypatch):
+    """The background replica (--background-replica): started by the first PRIORITY_BACKGROUND call, at
+    nice 19 in every thread, serving only background work (same results), its series labelled
+    replica="background", and stopped once idle; interactive calls never go there."""
+    from server.coreprocess import replicas
+    monkeypatch.setattr(replicas, "BACKGROUND_IDLE_S", 1.2)
+    srv = start_server(engine_core="process", engine_replicas=1, runaway_guard=False)
+    core = srv.app.core
+    texts = flickr_sentences(3)
+    with TranslatorClient(srv.target, timeout=120, retries=0) as client:
+        alone = client.translate(texts, model=MODEL)
+        assert core.background is None  # nothing started for interactive work
+        got = client.translate(texts, model=MODEL, background=True)
+        assert [t.hypotheses[0].text for t in got.translations] == [t.hypotheses[0].text for t in alone.translations]
+        background = core.background
+        assert background is not None and background.pid not in core.pids
+        for tid in os.listdir(f"/proc/{background.pid}/task"):  # the engine thread and ONNX Runtime's too
+            assert os.getpriority(os.PRIO_PROCESS, int(tid)) == replicas.BACKGROUND_NICE
+        assert srv.metric("nmt_output_tokens_total", model=MODEL, replica="background") > 0
+        before = srv.metric("nmt_output_tokens_total", model=MODEL, replica="background")
+        client.translate(texts, model=MODEL)  # interactive: the ordinary replica
+        assert srv.metric("nmt_output_tokens_total", model=MODEL, replica="background") == before
+        assert wait_for(lambda: core.background is None, timeout=30)  # idle: stopped
+        assert wait_for(lambda: not os.path.exists(f"/proc/{background.pid}") or
+                        "zombie" in open(f"/proc/{background.pid}/status").read().lower(), timeout=30)
+        again = client.translate(texts[:1], model=MODEL, background=True)  # and started again when needed
+        assert again.translations[0].hypotheses[0].text == alone.translations[0].hypotheses[0].text
+        assert core.background is not None and core.background.pid != background.pid

@@ -14,12 +14,18 @@ with no answer at all. The kinds:
   truncated JSON cut off mid-string; a top-level array / null instead of an object
   framing   malformed chunked transfer encoding, a bad Content-Length, a garbage request line, and
             a Content-Length larger than the body followed by the client closing (CLOSED is fine then)
+  file      the bad and hostile document files of hostile_files.py (zip bombs, entity expansion,
+            encryption, formats that lie about themselves) uploaded to DeepL's /v2/document, and a third
+            of them to LibreTranslate's /translate_file and the native /v1/files: each API's 400 or 413
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 from dataclasses import dataclass, field
+
+from benchmarks.soak import hostile_files
 
 BAD = frozenset({"HTTP 400"})
 BAD_OR_LARGE = frozenset({"HTTP 400", "HTTP 413"})
@@ -144,7 +150,28 @@ def cases(source: str, target: str) -> list[HostileCase]:
                                                 length=False), BAD | {"CLOSED"}, "Content-Length > body, then close",
         half_close=True)
     out.append(HostileCase("framing/garbage request line", "/", b"\x16\x03\x01 GARBAGE\r\n\r\n", BAD, method="-"))
+
+    # Documents: the server reads and checks a file before it answers the upload, so every one of these is
+    # refused at once and none becomes a job.
+    forms = {"/v2/document": {"target_lang": target.upper()}, "/translate_file": {"source": source, "target": target},
+             "/v1/files": {"target_language": target}}
+    for i, (what, name, data, status, _) in enumerate(hostile_files.cases()):
+        for path, fields in forms.items():
+            if path == "/v2/document" or i % 3 == 0:
+                boundary, content = multipart(fields, name, data)
+                add("file", path, raw_request("POST", path, content, content_type="multipart/form-data; "
+                                              f"boundary={boundary}"), frozenset({f"HTTP {status}"}), what)
     return out
+
+
+def multipart(fields: dict, filename: str, data: bytes) -> tuple[str, bytes]:
+    """A multipart/form-data body: the fields, then the file as `file`."""
+    boundary = secrets.token_hex(12)
+    parts = [f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode()
+             for k, v in fields.items()]
+    parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{filename}"\r\n'
+                 "Content-Type: application/octet-stream\r\n\r\n".encode() + data + b"\r\n")
+    return boundary, b"".join(parts) + f"--{boundary}--\r\n".encode()
 
 
 # -- one exchange on a raw connection ------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from typing import AsyncIterator, Optional
 from protos.nmt.v1 import translator_pb2 as pb
 from server.core.errors import InvalidArgument, ResourceExhausted, ServiceError, shown
 from server.files import LIMITS, FileError
+from server.files.detect import document_source
 from server.files.jobs import Full, Job, JobFailed, Jobs
 from server.gateway import Caller, CallFailed, Gateway
 from server.observability import calls
@@ -214,19 +215,8 @@ class FileCalls:
     async def _detect(self, job: Job, sample: str) -> str:
         """The served source language the document is in (as the HTTP port decides it); refused when the
         document reads as the target language already."""
-        admission = self.admission
-        served = admission.sources(job.target)
-        if not sample.strip():
-            return served[0] if served else ""
-        found = await asyncio.get_running_loop().run_in_executor(admission.executor, admission.identifier.detect,
-                                                                 sample, False)
-        ranked = dict(found.ranked)
-        best = max((ranked.get(s, 0.0) for s in served), default=0.0)
         try:
-            if ranked.get(job.target, 0.0) > 2 * best:
-                raise InvalidArgument(f"Source and target language are the same: the document reads as "
-                                      f"{job.target!r} already (send source_language to translate it anyway)")
-            return admission.source_of(found, job.target, "the document")
+            return await document_source(self.admission, job.target, sample, "send source_language")
         except ServiceError as e:
             self._failed(job, e.code, str(e))
             raise JobFailed(str(e)) from None

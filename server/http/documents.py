@@ -34,12 +34,13 @@ from starlette.routing import Route
 from protos.nmt.v1 import translator_pb2 as pb
 from server.core.errors import ServiceError
 from server.files import LIMITS, FileError
+from server.files.detect import document_source
 from server.files.jobs import Full, Job, JobFailed, Jobs
 from server.http import deepl, libre
 from server.http.body import BadParam, BodyError, Params, read_body
 from server.http.edge import Edge
 from server.http.native import error_response
-from server.http.translate import Ask, detect, translate
+from server.http.translate import Ask, translate
 
 UPLOAD_BYTES = LIMITS.max_file_bytes + (256 << 10)  # the file and the form around it
 FIELD_BYTES = 64 << 10  # one form field that is not the file
@@ -129,17 +130,8 @@ class DocumentsApi:
 
     async def _detect(self, job: Job, sample: str) -> str:
         """The served source language the document is in; refused when it looks like the target already."""
-        served = self.edge.admission.sources(job.target)
-        if not sample.strip():
-            return served[0] if served else ""
-        (found,) = await detect(self.edge, [sample], False)
-        ranked = dict(found.ranked)
-        best = max((ranked.get(s, 0.0) for s in served), default=0.0)
-        if ranked.get(job.target, 0.0) > 2 * best:
-            raise JobFailed(f"Source and target language are the same: the document reads as "
-                            f"{job.target.upper()!r} already (name its source language to translate it anyway)")
         try:
-            return self.edge.admission.source_of(found, job.target, "the document")
+            return await document_source(self.edge.admission, job.target, sample, "name its source language")
         except ServiceError as e:
             raise JobFailed(str(e)) from None
 

@@ -14,20 +14,28 @@ The design, one ASGI middleware inside Starlette's error middleware, around the 
   * an exception from a handler becomes a 500 in the API's own error shape (never re-raised, so
     the connection survives); a client that went away mid-body is logged at INFO, not as a bug;
   * an error answer sent before the request body was read to its end carries `Connection: close`
-    (the rest of the body is still on the wire: uvicorn must close, and now says so);
+    (the rest of the body is still on the wire: uvicorn must close, and now says so), and lingers:
+    its bytes go out at once, then the rest of the body is read and dropped (up to LINGER_BYTES,
+    LINGER_S) before the answer ends and uvicorn closes. Closing on unread bytes makes the kernel
+    send a reset, which destroys the answer the client has not read yet: the soak's 13 MB upload
+    against the 10 MB file limit got a reset instead of its 413 (nginx lingers for the same reason);
   * a response no handler counted (a 404, a 405, a 500 from here) is counted by API and status.
 The body parsers' own limits (depth, numbers) are server/http/body.py's.
 """
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import json
 import logging
+import time
 from typing import Callable, Optional
 
 from starlette.requests import ClientDisconnect
 
 log = logging.getLogger(__name__)
+LINGER_S = 5.0  # at most this long reading an unread body's rest after an early error answer
+LINGER_BYTES = 64 << 20  # and at most this much of it; past either, uvicorn closes (a reset, then)
 
 # Set per request by the guard, marked by Edge.count: whether a handler counted its response.
 COUNTED: contextvars.ContextVar[Optional[list]] = contextvars.ContextVar("nmt_http_counted", default=None)
@@ -92,7 +100,12 @@ class HttpGuard:
             if message["type"] == "http.response.start":
                 state["started"], state["status"] = True, message["status"]
                 if message["status"] >= 400 and not state["body_done"]:
+                    state["linger"] = True
                     message = dict(message, headers=[*message.get("headers", []), (b"connection", b"close")])
+            elif message["type"] == "http.response.body" and state.get("linger") and not message.get("more_body"):
+                await send(dict(message, more_body=True))  # the whole answer is on its way...
+                await _drain(receive_tracked, state)  # ...while the rest of the body is read and dropped
+                message = {"type": "http.response.body", "body": b""}
             await send(message)
 
         try:
@@ -110,6 +123,17 @@ class HttpGuard:
             COUNTED.reset(token)
         if not counted and state["status"]:
             self.count(api, "other", state["status"])
+
+
+async def _drain(receive, state: dict) -> None:
+    """Read and drop what is left of the request body, within LINGER_S and LINGER_BYTES."""
+    end, size = time.monotonic() + LINGER_S, 0
+    while not state["body_done"] and size <= LINGER_BYTES:
+        try:
+            message = await asyncio.wait_for(receive(), max(end - time.monotonic(), 0.001))
+        except (asyncio.TimeoutError, ClientDisconnect):
+            return
+        size += len(message.get("body", b""))
 
 
 async def _answer(send, status: int, body: bytes, close: bool) -> None:

@@ -97,6 +97,24 @@ def test_a_body_refused_unread_says_the_connection_closes(srv):
     assert head.startswith("HTTP/1.1 413") and "connection: close" in head.lower()
 
 
+def test_an_upload_over_the_limit_sent_whole_gets_its_413_not_a_reset(srv):
+    """The file limit is 10 MB; a client that sends 13 MB anyway (as every simple client does, without
+    `Expect: 100-continue`) must read the 413: the server reads and drops the rest before closing, since
+    closing on unread bytes resets the connection and destroys the answer (server/http/guard.py)."""
+    from benchmarks.soak.http_hostile import multipart
+    boundary, body = multipart({"target_lang": "DE"}, "big.txt", b"A man rides. " * (1 << 20))
+    sock = socket.create_connection(srv.http.removeprefix("http://").split(":"), timeout=30)
+    sock.sendall(f"POST /v2/document HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary={boundary}"
+                 f"\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    answer = b""
+    while chunk := sock.recv(65536):  # to the server's close: no ConnectionResetError on the way
+        answer += chunk
+    sock.close()
+    head, _, payload = answer.decode().partition("\r\n\r\n")
+    assert head.startswith("HTTP/1.1 413") and "connection: close" in head.lower()
+    assert "File too large" in json.loads(payload)["message"]
+
+
 def test_a_handler_bug_is_a_counted_500_that_keeps_the_connection(srv, monkeypatch, caplog):
     def broken(self, params):
         raise ZeroDivisionError("a bug")

@@ -26,7 +26,7 @@ EXACT = {"fuzz_raw": {"INVALID_ARGUMENT"}, "golden_rest": {"OK"}, "list_models":
          "health_probe": {"OK"}, "health_large": {"OK"}, "drain_new": {"UNAVAILABLE"},
          "drain_stream": {"OK"}, "drain_inflight": {"OK", "UNAVAILABLE"}, "extreme": {"OK", "RESOURCE_EXHAUSTED"},
          "http_health": {"HTTP 200"}, "http_health_probe": {"HTTP 200"}, "http_languages": {"HTTP 200"}}
-HOSTILE_KINDS = {"nested", "number", "header", "utf8", "ctype", "truncated", "framing"}
+HOSTILE_KINDS = {"nested", "number", "header", "utf8", "ctype", "truncated", "framing", "file"}
 
 
 @pytest.fixture(scope="module")

@@ -155,16 +155,19 @@ def build_versions() -> tuple[str, str, str, str]:
     import platform
     from importlib import metadata
 
-    def module_version(name: str) -> str:
+    def module_version(name: str) -> str:  # the module loaded (onnxruntime: the CPU or the GPU build)
         try:
             return __import__(name).__version__
         except (ImportError, AttributeError):
             return "unknown"
-    try:
-        version = metadata.version("nmt-serve")
-    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
-        version = "unknown"
-    return version, platform.python_version(), module_version("onnxruntime"), module_version("grpc")
+
+    def installed(distribution: str) -> str:  # read, not imported: the engine core process has no grpc
+        try:
+            return metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            return "unknown"
+    version = installed("nmt-serve")  # "unknown" when run from a checkout that was never installed
+    return version, platform.python_version(), module_version("onnxruntime"), installed("grpcio")
 
 
 class _Exposition:

@@ -77,7 +77,13 @@ def test_engine_core_imports_no_grpc_or_protobuf():
     assert out.stdout.strip() == "[]", out.stdout
     # The engine core process each replica runs: its wire is msgspec over zmq, so grpc (~10 MB resident
     # with its TLS library, in every replica) has no business there either.
-    code = ("import sys, server.coreprocess.__main__; "
+    code = ("import sys, server.coreprocess.__main__\n"
+            "from models.core.bundle import discover\n"
+            "from server.config import ServerConfig\n"
+            "from server.hosted import HostedModel\n"
+            "from server.metrics import Metrics\n"
+            "cfg = ServerConfig(model_repository='model_repository')\n"
+            "HostedModel(next(iter(discover(cfg.model_repository))), cfg, Metrics()).start()  # what the core does\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'google', 'starlette')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout

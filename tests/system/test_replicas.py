@@ -215,3 +215,26 @@ def test_background_work_runs_in_a_lowest_priority_replica_started_on_demand(sta
         again = client.translate(texts[:1], model=MODEL, background=True)  # and started again when needed
         assert again.translations[0].hypotheses[0].text == alone.translations[0].hypotheses[0].text
         assert core.background is not None and core.background.pid != background.pid
+
+
+def test_a_killed_background_replica_costs_only_its_own_calls(start_server):
+    """kill -9 of the background replica: its call fails UNAVAILABLE (document jobs retry those), an
+    interactive stream in the ordinary replica finishes, readiness never leaves SERVING, and background
+    work is served again (by the restarted replica, or the ordinary one meanwhile)."""
+    srv = start_server(engine_core="process", engine_replicas=1, runaway_guard=False)
+    core, texts = srv.app.core, flickr_sentences(2)
+    with TranslatorClient(srv.target, timeout=120, retries=0) as client, cf.ThreadPoolExecutor(1) as pool, \
+            Readiness(srv.target) as seen:
+        client.translate(texts[:1], model=MODEL, background=True)  # the background replica is up
+        stream = client.translate_stream(texts[0], model=MODEL, **LONG)
+        next(iter(stream))  # decoding in the ordinary replica
+        doomed = pool.submit(client.translate, texts[1:], model=MODEL, background=True, **LONG)
+        assert wait_for(lambda: len(core.background.link.jobs) == 1)
+        os.kill(core.background.pid, signal.SIGKILL)
+        with pytest.raises(grpc.RpcError) as lost:
+            doomed.result()
+        assert lost.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert read_to_end(stream)[0] == grpc.StatusCode.OK
+        again = client.translate(texts[1:], model=MODEL, background=True)
+        assert again.translations[0].hypotheses[0].text
+    assert seen and set(seen) == {"SERVING"}

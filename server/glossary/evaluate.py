@@ -225,10 +225,10 @@ def fifty_terms(pair: str, n: int = 50) -> list[tuple[str, str]]:
     return [(w, surface.get(words[w], words[w])) for w in top]
 
 
-def throughput(pair: str, split: str, rounds: int = 3) -> dict:
-    """Tokens/s of greedy decoding of the split with one 50-term glossary against none (matching and
-    term tokenisation included), alternating rounds; and whether the sentences the glossary does not
-    touch decode token for token as without it."""
+def throughput(pair: str, split: str, rounds: int = 3, beam: int = 1) -> dict:
+    """Tokens/s of decoding the split (greedy, or beam search of width `beam`) with one 50-term glossary
+    against none (matching and term tokenisation included), alternating rounds; and whether the sentences
+    the glossary does not touch decode token for token as without it."""
     from server.glossary.matching import Matcher, appears, terms_for
     entries = fifty_terms(pair)
     sources = read(f"{split}.en")
@@ -236,17 +236,18 @@ def throughput(pair: str, split: str, rounds: int = 3) -> dict:
     tok, unk = decoder.model.tok, decoder.model.bundle.spec.unk_id
     plain_rates, glossary_rates = [], []
     for _ in range(rounds):
-        outputs, plain_ids, seconds = decoder.translate(sources, None, 1)
+        outputs, plain_ids, seconds = decoder.translate(sources, None, beam)
         plain_rates.append(sum(map(len, plain_ids)) / seconds)
         t0 = time.perf_counter()
         matcher = Matcher(entries)
         _, matches = terms_for(sources, matcher, tok, unk)
         prepare = time.perf_counter() - t0
-        glossed, ids, seconds = decoder.translate(sources, [entries] * len(sources), 1)
+        glossed, ids, seconds = decoder.translate(sources, [entries] * len(sources), beam)
         glossary_rates.append(sum(map(len, ids)) / (seconds + prepare))
     untouched = [i for i, m in enumerate(matches) if not m]
     found = [(m.target, glossed[i]) for i, ms in enumerate(matches) for m in ms]
-    return {"pair": f"en-{pair}", "terms": len(entries), "tokens_per_s_without": max(plain_rates),
+    return {"pair": f"en-{pair}", "decoding": f"beam {beam}" if beam > 1 else "greedy", "terms": len(entries),
+            "tokens_per_s_without": max(plain_rates),
             "tokens_per_s_with": max(glossary_rates), "ratio": max(glossary_rates) / max(plain_rates),
             "untouched_identical": f"{sum(ids[i] == plain_ids[i] for i in untouched)}/{len(untouched)}",
             "coverage": sum(appears(t, out) for t, out in found) / max(len(found), 1)}
@@ -260,11 +261,13 @@ def main(argv=None) -> int:
     parser.add_argument("--configs", default="none,placeholder,force,bonus1,bonus3,bonus3+eos,chosen")
     parser.add_argument("--limit", type=int, default=0, help="first N sentences only (a quick check)")
     parser.add_argument("--throughput", action="store_true", help="tokens/s with a 50-term glossary vs none "
-                        "(greedy, one thread; run it on a quiet machine)")
+                        "(one thread; run it on a quiet machine)")
+    parser.add_argument("--beams", default="1,4", help="with --throughput: beam widths to measure (1 = greedy)")
     args = parser.parse_args(argv)
     if args.throughput:
         for pair in args.pairs.split(","):
-            print(throughput(pair, args.split))
+            for beam in map(int, args.beams.split(",")):
+                print(throughput(pair, args.split, beam=beam), flush=True)
         return 0
     rows = []
     for pair in args.pairs.split(","):

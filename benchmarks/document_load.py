@@ -346,7 +346,7 @@ def level_summary(level, ttfts: list[float]) -> dict:
     s = level.summary()
     keep = ("requests", "errors", "output_tokens", "duration_s", "output_tokens_per_s", "ttft_ms", "e2e_ms",
             "itl_ms", "client_loop_lag_ms")
-    return {**{k: s[k] for k in keep if k in s}, "ttft_samples_ms": [round(1e3 * t, 3) for t in ttfts]}
+    return {**{k: s[k] for k in keep if k in s}, "ttft_samples_ms": [round(1e3 * t, 2) for t in ttfts]}
 
 
 async def run_phase(phase: str, args, model: dict, texts: list[str], name: str, data: bytes) -> dict:
@@ -722,7 +722,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                "args": {k: getattr(args, k) for k in ("pages", "streams", "seconds", "rounds", "server_flags")}}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(results, indent=1))
+    out.with_suffix(".json").write_text(json.dumps(results, separators=(",", ":")))  # the samples on one line
     plot(results, out.with_suffix(".png"))
     out.write_text(render(results, args, argv))
     print(out.read_text())

@@ -118,14 +118,7 @@ def translate_document(s: Settings) -> dict:
         interrupted, stopped = True, "interrupted"
     written = not interrupted and not exhausted
     if written:
-        data = document.rebuild(out, s.target_language)
-        if s.output is None:
-            sys.stdout.buffer.write(data)
-            sys.stdout.flush()
-        else:
-            partial = s.output.with_name(s.output.name + ".partial")
-            partial.write_bytes(data)
-            os.replace(partial, s.output)
+        write_output(document.rebuild(out, s.target_language), s.output)
     seconds = time.monotonic() - started
     total = len(document.segments)
     translated = sum(1 for t in document.texts() if t.strip()) - len(errors) if written else 0
@@ -146,3 +139,15 @@ def print_document_summary(sm: dict) -> None:
     print(f"translate-file: {sm['output']}: {state}", file=sys.stderr)
     for rec in sm["error_records"][:10]:
         print(f"  segment {rec['line']}: {rec['code']}: {rec['message'][:200]} (left untranslated)", file=sys.stderr)
+
+
+def write_output(data: bytes, output) -> None:
+    """The translated file to standard output, or to `output` whole (written beside it, then renamed: a
+    reader never sees half a file)."""
+    if output is None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+        return
+    partial = output.with_name(output.name + ".partial")
+    partial.write_bytes(data)
+    os.replace(partial, output)

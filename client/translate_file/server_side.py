@@ -11,7 +11,6 @@ up: one call to one server for the whole file (--timeout bounds all of it), no p
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 
@@ -19,6 +18,7 @@ import grpc
 
 from protos.nmt.v1 import translator_pb2 as pb
 
+from .document import write_output
 from .settings import Settings, UsageError
 
 
@@ -55,13 +55,7 @@ def translate_on_server(s: Settings) -> dict:
     except KeyboardInterrupt:
         interrupted, stopped = True, "interrupted"
     if content is not None:
-        if s.output is None:
-            sys.stdout.buffer.write(content)
-            sys.stdout.flush()
-        else:
-            partial = s.output.with_name(s.output.name + ".partial")
-            partial.write_bytes(content)
-            os.replace(partial, s.output)
+        write_output(content, s.output)
     written = content is not None
     return {"document": True, "server_side": True, "input": str(s.input),
             "output": str(s.output) if s.output is not None else "-", "format": "document", "targets": s.targets,

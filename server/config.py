@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 from dataclasses import dataclass, fields
@@ -54,12 +55,17 @@ def cpu_quota(path: str = "/sys/fs/cgroup/cpu.max") -> int:
 
 
 def _cuda_available() -> bool:
-    """Whether ONNX Runtime here has its CUDA provider (--provider auto would pick it)."""
-    try:
-        import onnxruntime
-    except ImportError:
+    """Whether ONNX Runtime here has its CUDA provider (--provider auto would pick it). Where it is not
+    loaded yet, its package is looked at instead of imported: the provider is a library of its own
+    (libonnxruntime_providers_cuda), and a frontend over engine core processes never loads ONNX Runtime
+    (~20 MB resident) just to ask."""
+    loaded = sys.modules.get("onnxruntime")
+    if loaded is not None:
+        return "CUDAExecutionProvider" in loaded.get_available_providers()
+    spec = importlib.util.find_spec("onnxruntime")
+    if spec is None or not spec.submodule_search_locations:
         return False
-    return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+    return any((Path(spec.submodule_search_locations[0]) / "capi").glob("*onnxruntime_providers_cuda*"))
 
 
 # What each flag does and what it accepts, as `--help` shows it (with its NMT_* variable and default).

@@ -11,21 +11,14 @@ from typing import Callable, Optional
 
 from models.core.bundle import Bundle
 from models.core.config import max_output_len
-from models.core.kv_cache import SlotCache
-from models.core.runtime import OnnxModel, RuntimeOptions, keep_freed_memory
 from models.core.tokenizer import load_tokenizer, normalize
 from server.config import ServerConfig
 from server.documents.html import plan_html
 from server.documents.plan import MIME_HTML, DocumentOptions, Plan
 from server.documents.segment import plan_text
-from server.core.choose import TokenChooser
-from server.core.engine import Engine
 from server.core.errors import InvalidArgument, shown
-from server.core.loop import EngineLoop
 from server.metrics import Metrics
-from server.core.runaway import RunawayGuard
 from server.core.request import DecodingParams, EmbedJob, ErrorEvent, Event, FinishEvent, GenerationRules, Job
-from server.core.scheduler import Scheduler
 from server.glossary.enforce import pieces_of
 
 
@@ -48,6 +41,15 @@ class HostedModel:
             self._build_engine(bundle, cfg, metrics)
 
     def _build_engine(self, bundle: Bundle, cfg: ServerConfig, metrics: Metrics) -> None:
+        # Imported here: a frontend over engine core processes (--engine-core process) builds no engine, and
+        # ONNX Runtime alone is ~20 MB resident in every process that imports it.
+        from models.core.kv_cache import SlotCache
+        from models.core.runtime import OnnxModel, RuntimeOptions, keep_freed_memory
+        from server.core.choose import TokenChooser
+        from server.core.engine import Engine
+        from server.core.loop import EngineLoop
+        from server.core.runaway import RunawayGuard
+        from server.core.scheduler import Scheduler
         keep_freed_memory()
         self.runtime = OnnxModel(bundle, RuntimeOptions(variant=cfg.variant, provider=cfg.provider, decoder=cfg.decoder,
                                                         intra_op_threads=cfg.engine_threads,

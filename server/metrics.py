@@ -153,21 +153,20 @@ class Metrics:
 def build_versions() -> tuple[str, str, str, str]:
     """(nmt-serve, Python, ONNX Runtime, grpcio) versions; "unknown" for one that cannot be read."""
     import platform
+    import sys
     from importlib import metadata
 
-    def module_version(name: str) -> str:  # the module loaded (onnxruntime: the CPU or the GPU build)
-        try:
-            return __import__(name).__version__
-        except (ImportError, AttributeError):
-            return "unknown"
-
-    def installed(distribution: str) -> str:  # read, not imported: the engine core process has no grpc
-        try:
-            return metadata.version(distribution)
-        except metadata.PackageNotFoundError:
-            return "unknown"
+    def installed(*distributions: str) -> str:  # read, not imported: the engine core has no grpc, a frontend
+        for name in distributions:                # over engine cores no ONNX Runtime
+            try:
+                return metadata.version(name)
+            except metadata.PackageNotFoundError:
+                pass
+        return "unknown"
+    loaded = sys.modules.get("onnxruntime")  # where it is loaded, the build that is (CPU or GPU)
+    ort = getattr(loaded, "__version__", "") or installed("onnxruntime-gpu", "onnxruntime")
     version = installed("nmt-serve")  # "unknown" when run from a checkout that was never installed
-    return version, platform.python_version(), module_version("onnxruntime"), installed("grpcio")
+    return version, platform.python_version(), ort, installed("grpcio")
 
 
 class _Exposition:

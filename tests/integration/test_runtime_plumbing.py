@@ -117,6 +117,7 @@ def test_ort_spinning_false_gives_each_session_its_own_sleeping_pool():
     # interpreter, as the process-wide pool can only be chosen before ONNX Runtime starts.
     code = """
 import os
+import models.core.runtime  # ONNX Runtime loaded first (the model imports it on demand): its own threads
 from models.core.bundle import discover
 from server.config import ServerConfig
 from server.hosted import HostedModel

@@ -89,8 +89,27 @@ def test_engine_core_imports_no_grpc_or_protobuf():
     assert out.stdout.strip() == "[]", out.stdout
 
 
+def test_a_frontend_over_engine_cores_loads_no_onnx_runtime():
+    """With --engine-core process the frontend builds requests and never runs a model: ONNX Runtime (~20 MB
+    resident) stays out of it, through its start (metrics, the replica count's CUDA check, the models'
+    tokenizers and checks)."""
+    code = ("import sys, server.__main__, server.app\n"
+            "from models.core.bundle import discover\n"
+            "from server.config import ServerConfig\n"
+            "from server.hosted import HostedModel\n"
+            "from server.metrics import Metrics\n"
+            "cfg = ServerConfig(model_repository='model_repository')\n"
+            "metrics = Metrics()\n"
+            "print(cfg.replicas, cfg.background_core, file=sys.stderr)\n"
+            "[HostedModel(b, cfg, metrics, engine=False) for b in discover(cfg.model_repository)]\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'onnxruntime'))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
 def test_serving_runtime_imports_no_torch():
-    code = ("import sys, server.__main__, server.app, client.__main__, models.core.sentencepiece_tokenizer, "
+    code = ("import sys, server.__main__, server.app, server.core.engine, client.__main__, "
+            "models.core.sentencepiece_tokenizer, "
             "models.core.tokenizer_json; "
             "print(sorted(m for m in sys.modules if m in ('torch', 'transformers') "
             "or m.startswith(('torch.', 'transformers.', 'models'))))")

@@ -78,7 +78,8 @@ def resident_pages(region: np.ndarray) -> int:
 
 
 @pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="madvise/mincore: Linux")
-def test_long_rows_give_their_pages_back_and_a_drained_cache_gives_everything_back():
+def test_long_rows_give_their_pages_back_and_an_idle_cache_gives_everything_back():
+    from models.core import kv_cache
     spec = ModelSpec(vocab_size=20, d_model=256, n_heads=4, n_enc_layers=1, n_dec_layers=2, pad_id=0, bos_id=1,
                      eos_id=2, max_positions=300)
     cache = SlotCache(spec, slots=4, max_source=256, max_target=257)
@@ -103,8 +104,11 @@ def test_long_rows_give_their_pages_back_and_a_drained_cache_gives_everything_ba
         for a, b in zip(after[id(row)], kept[id(row)]):
             assert np.array_equal(a, b)  # nothing a running row owns was touched
     assert not cache.k[:, 0, :, 64 + page:250 - page].any()  # reads as zeros, as a fresh cache does
-    cache.release(list(cache.rows))  # drained: every page goes back
+    cache.release(list(cache.rows))  # drained: the pages stay for the next rows a while...
+    resident = sum(resident_pages(a) for a in (cache.k, cache.v, cache.cross_k, cache.cross_v))
+    assert resident > 0 and not cache.give_back_idle(cache.empty_since + kv_cache.IDLE_S / 2)
+    assert cache.give_back_idle(cache.empty_since + kv_cache.IDLE_S)  # ...then every page goes back
     assert sum(resident_pages(a) for a in (cache.k, cache.v, cache.cross_k, cache.cross_v)) == 0
-    assert not cache.extent.any() and not cache.src_extent.any()
+    assert not cache.extent.any() and not cache.src_extent.any() and not cache.give_back_idle(1e18)
     again = cache.allocate(cross, cross, np.arange(256) < 3, 1, 5)[0]  # and the cache works as new
     assert again.slot == 0 and cache.cross_k[:, 0, :, :3].all() and not cache.cross_k[:, 0, :, 3:].any()

@@ -162,11 +162,8 @@ class Jobs:
     def get(self, ident: str) -> Optional[Job]:
         """The job, whichever process runs it; None once downloaded, deleted or expired."""
         job = self.jobs.get(ident)
-        if job is not None:
-            if not job.recorded or self.spool.exists(ident):
-                return job
-            job.dropped = True  # deleted by another process: this one stops it at its next batch
-            return None
+        if job is not None:  # deleted by another process: this one stops it at its next batch
+            return None if self._deleted(job) else job
         record = self.spool.read(ident)
         if record is None:
             return None
@@ -215,9 +212,15 @@ class Jobs:
         if len(records) >= MAX_JOBS or sum(r["size"] for r in records) + size > MAX_BYTES:
             raise Full("the server holds as many documents as it may: download or wait for results, then try again")
 
+    def _deleted(self, job: Job) -> bool:
+        """Whether the job was deleted, here or by any process (its record gone once written); marks it so."""
+        if not job.dropped and job.recorded and not self.spool.exists(job.id):
+            job.dropped = True
+        return job.dropped
+
     def _record(self, job: Job) -> None:
         """Publish the job's state; a record deleted elsewhere (DELETE, any process) stops the job."""
-        if job.dropped or (job.recorded and not self.spool.exists(job.id)) or not self.spool.write(record_of(job)):
+        if self._deleted(job) or not self.spool.write(record_of(job)):
             job.dropped = True
             raise Dropped()
         job.recorded = True
@@ -278,8 +281,7 @@ class Jobs:
 
     def _finish(self, job: Job, result: Optional[bytes]) -> None:
         """The result first, then the record that says done: a reader never sees done without a file."""
-        if job.dropped or not self.spool.exists(job.id):
-            job.dropped = True
+        if self._deleted(job):
             self.spool.remove(job.id)
             return
         if result is not None:
@@ -328,8 +330,7 @@ class Jobs:
 
     def _check(self, job: Job) -> None:
         """Stop a job deleted here or elsewhere (its record gone) before its next call."""
-        if job.dropped or not self.spool.exists(job.id):
-            job.dropped = True
+        if self._deleted(job):
             raise Dropped()
 
     def _progress(self, job: Job) -> None:

@@ -67,44 +67,44 @@ def test_dockerfiles_copy_real_paths_and_agree_with_the_server(dockerfile, compo
     assert '".[serve]"' in text or '".[gpu]"' in text
 
 
+# A model loaded as the engine core process loads it (server/coreprocess/process.py main), or as a frontend over
+# engine cores builds its models (engine=False).
+LOAD_MODEL = ("from models.core.bundle import discover\n"
+              "from server.config import ServerConfig\n"
+              "from server.hosted import HostedModel\n"
+              "from server.metrics import Metrics\n"
+              "cfg = ServerConfig(model_repository='model_repository')\n")
+
+
+def loaded_packages(code: str, packages: tuple[str, ...]) -> list[str]:
+    """The modules of `packages` that a fresh interpreter has loaded after running `code`."""
+    probe = f"{code}\nimport sys\nprint(sorted(m for m in sys.modules if m.split('.')[0] in {packages!r}))"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    return eval(out.stdout.strip())  # a printed list of module names
+
+
 def test_engine_core_imports_no_grpc_or_protobuf():
     """The engine core (request, scheduler, loop, engine, token choice, hosted model) is plain Python
     and numpy: errors are plain kinds that the service edge maps to status codes."""
-    code = ("import sys, server.core.scheduler, server.core.controls, server.core.loop, server.core.engine, server.core.choose, server.core.request, "
-            "server.hosted, server.core.errors; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'google')))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]", out.stdout
+    assert loaded_packages("import server.core.scheduler, server.core.controls, server.core.loop, server.core.engine, "
+                           "server.core.choose, server.core.request, server.hosted, server.core.errors",
+                           ("grpc", "google")) == []
     # The engine core process each replica runs: its wire is msgspec over zmq, so grpc (~10 MB resident
     # with its TLS library, in every replica) has no business there either.
-    code = ("import sys, server.coreprocess.__main__\n"
-            "from models.core.bundle import discover\n"
-            "from server.config import ServerConfig\n"
-            "from server.hosted import HostedModel\n"
-            "from server.metrics import Metrics\n"
-            "cfg = ServerConfig(model_repository='model_repository')\n"
-            "HostedModel(next(iter(discover(cfg.model_repository))), cfg, Metrics()).start()  # what the core does\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'google', 'starlette')))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]", out.stdout
+    assert loaded_packages("import server.coreprocess.__main__\n" + LOAD_MODEL +
+                           "HostedModel(next(iter(discover(cfg.model_repository))), cfg, Metrics()).start()",
+                           ("grpc", "google", "starlette")) == []
 
 
 def test_a_frontend_over_engine_cores_loads_no_onnx_runtime():
     """With --engine-core process the frontend builds requests and never runs a model: ONNX Runtime (~20 MB
     resident) stays out of it, through its start (metrics, the replica count's CUDA check, the models'
     tokenizers and checks)."""
-    code = ("import sys, server.__main__, server.app\n"
-            "from models.core.bundle import discover\n"
-            "from server.config import ServerConfig\n"
-            "from server.hosted import HostedModel\n"
-            "from server.metrics import Metrics\n"
-            "cfg = ServerConfig(model_repository='model_repository')\n"
-            "metrics = Metrics()\n"
-            "print(cfg.replicas, cfg.background_core, file=sys.stderr)\n"
-            "[HostedModel(b, cfg, metrics, engine=False) for b in discover(cfg.model_repository)]\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'onnxruntime'))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]", out.stdout
+    assert loaded_packages("import server.__main__, server.app\n" + LOAD_MODEL +
+                           "metrics = Metrics()\n"
+                           "assert cfg.replicas >= 1 and cfg.background_core in (True, False)\n"
+                           "[HostedModel(b, cfg, metrics, engine=False) for b in discover(cfg.model_repository)]",
+                           ("onnxruntime",)) == []
 
 
 def test_serving_runtime_imports_no_torch():

@@ -222,6 +222,27 @@ def tree_rss_mb(pid: int) -> Optional[float]:
     return total / (1 << 20)
 
 
+def tree_memory(pid: int) -> Optional[dict]:
+    """Memory of process `pid` and its live descendants, in MB; None once `pid` has exited:
+    rss (VmRSS summed: pages the processes share count once per process, an upper bound),
+    pss (proportional set size summed, /proc/PID/smaps_rollup: a shared page is split among the
+    processes mapping it, so the sum is what the tree holds) and each process's own VmRSS by pid."""
+    out = {"rss": 0.0, "pss": 0.0, "processes": {}}
+    for p in [pid, *descendants(pid)]:
+        try:
+            rss = proc_status(p)["VmRSS"] / (1 << 20)
+            pss = next(int(line.split()[1]) for line in Path(f"/proc/{p}/smaps_rollup").read_text().splitlines()
+                       if line.startswith("Pss:")) / 1024
+        except (OSError, KeyError, StopIteration):  # exited (a zombie has no VmRSS)
+            if p == pid:
+                return None
+            continue
+        out["rss"] += rss
+        out["pss"] += pss
+        out["processes"][p] = round(rss, 1)
+    return out
+
+
 def descendants(pid: int) -> list[int]:
     """Live child processes of `pid`, their children, and so on (/proc/PID/task/*/children)."""
     out, todo = [], [pid]

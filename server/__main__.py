@@ -13,6 +13,7 @@ from server.app import EXIT_ENGINE_FAILED, ConfigError, TranslationServer
 from server.config import ServerConfig
 from server.imports import ImportFailed, prepare_repository
 from server.observability import logs
+from server.process_memory import limit_malloc_arenas
 
 log = logging.getLogger("server")
 
@@ -36,6 +37,7 @@ async def serve(cfg: ServerConfig) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    limit_malloc_arenas()  # before gRPC, uvicorn and the executors start their threads
     cfg = ServerConfig.from_args(argv)
     logs.configure(cfg.log_format, cfg.log_level)  # JSON or text lines on stderr (server/observability/logs.py)
     log.info("starting nmt-serve", extra={"event": "starting", "pid": os.getpid()})

@@ -157,17 +157,18 @@ class TranslationServer:
         """The engine core process loads and warms every model; this process keeps their tokenizers and
         request checks, and queues through the core's link (server/coreprocess/)."""
         t0 = time.perf_counter()
+        models = [HostedModel(bundle, self.cfg, self.metrics, engine=False)
+                  for bundle in discover(self.cfg.model_repository)]
         self.core = Replicas(self.cfg, self.metrics, on_down=self.health.not_ready, on_up=self._core_back,
-                                   attach=self.attach)
+                             attach=self.attach, pieces={m.name: m.pieces for m in models})
         ready = await self.core.start()
         facts = {f.name: f for f in ready.models}
         if not self.attach:  # the primary exports the core's series; an extra frontend only its own
             self.metrics.add_core(lambda: self._on_loop(self.core.metrics_text, ""))
-        for bundle in discover(self.cfg.model_repository):
-            model = HostedModel(bundle, self.cfg, self.metrics, engine=False)
-            model.link, model.provider, model.capacity = self.core, facts[bundle.name].provider, \
-                facts[bundle.name].capacity
-            self.models[bundle.name] = model
+        for model in models:
+            model.link, model.provider, model.capacity = self.core, facts[model.name].provider, \
+                facts[model.name].capacity
+            self.models[model.name] = model
             self._loaded(model, time.perf_counter() - t0)
 
     async def _core_back(self) -> None:

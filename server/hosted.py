@@ -11,7 +11,6 @@ from typing import Callable, Optional
 
 from models.core.bundle import Bundle
 from models.core.config import max_output_len
-from models.core.tokenizer import load_tokenizer, normalize
 from server.config import ServerConfig
 from server.documents.html import plan_html
 from server.documents.plan import MIME_HTML, DocumentOptions, Plan
@@ -23,12 +22,20 @@ from server.glossary.enforce import pieces_of
 
 
 class HostedModel:
-    def __init__(self, bundle: Bundle, cfg: ServerConfig, metrics: Metrics, engine: bool = True):
+    def __init__(self, bundle: Bundle, cfg: ServerConfig, metrics: Metrics, engine: bool = True,
+                 pieces: Optional[tuple[str, ...]] = None):
+        """`pieces`: the vocabulary's pieces as the frontend's tokenizer spells them (`self.pieces`). An engine
+        core process is given them and loads no tokenizer: it decodes ids its frontend tokenised, and a
+        tokenizer is ~14 MB resident in every replica (the library and two models' vocabularies, measured)."""
         self.bundle, self.cfg, self.name = bundle, cfg, bundle.name
-        self.tok = load_tokenizer(bundle.tokenizer_entry, bundle.path)
+        self.tok = None
+        if pieces is None:  # imported here: a core given `pieces` never loads the tokenizers library
+            from models.core.tokenizer import load_tokenizer
+            self.tok = load_tokenizer(bundle.tokenizer_entry, bundle.path)
+        self._pieces = pieces
         # Planning measures each sentence in tokens, then the jobs tokenise it: once is enough.
         # (The ids are never mutated: callers build new lists around them.)
-        self._encode = functools.lru_cache(maxsize=8192)(self.tok.encode)
+        self._encode = functools.lru_cache(maxsize=8192)(self.tok.encode) if self.tok else None
         spec = bundle.spec
         self.max_source = min(cfg.max_source_tokens, spec.max_positions)
         self.max_output = min(cfg.max_output_tokens, spec.max_positions - 1)
@@ -64,7 +71,7 @@ class HostedModel:
         rules = GenerationRules(spec.eos_id, spec.suppress_ids, bool(generation.get("force_eos_at_limit", False)),
                                 bool(generation.get("renormalize", False)),
                                 bool(generation.get("early_stopping", True)), spec.bos_id,
-                                pieces_of(self.tok, spec.out_vocab_size))
+                                self.pieces)
         self.scheduler = Scheduler(self.name, self.cache, metrics, spec.eos_id,
                                    max_queue=cfg.max_queue_size, max_encode_tokens=cfg.max_batch_tokens,
                                    max_encode_batch=cfg.max_batch_size, stream_interval=cfg.stream_interval,
@@ -75,6 +82,13 @@ class HostedModel:
         self.loop = EngineLoop(self.scheduler, self.engine, cfg.max_queue_delay_ms / 1000.0)
         for gauge in (metrics.running, metrics.waiting, metrics.kv_usage):
             gauge.labels(self.name).set(0)
+
+    @property
+    def pieces(self) -> tuple[str, ...]:
+        """Every output id's piece (glossary enforcement and the runaway guard read them in the engine)."""
+        if self._pieces is None:
+            self._pieces = pieces_of(self.tok, self.bundle.spec.out_vocab_size)
+        return self._pieces
 
     async def submit(self, jobs: list) -> None:
         """Queue a request's jobs, all or none (a ServiceError otherwise): into this process's scheduler,
@@ -108,10 +122,19 @@ class HostedModel:
                 if isinstance(event, (FinishEvent, ErrorEvent)):
                     result.append(event)
                     done.set()
-            (job,) = self.jobs(["Warm-up."], params, sink, None)
+            (job,) = self.jobs(["Warm-up."], params, sink, None) if self.tok else [self._warmup_job(params, sink)]
             self.scheduler.submit([job])
             if not done.wait(60) or isinstance(result[0], ErrorEvent):
                 raise RuntimeError(f"warm-up of {self.name} failed: {result}")
+
+    def _warmup_job(self, params: DecodingParams, sink: Callable[[Event], None]) -> Job:
+        """A warm-up job without a tokenizer (an engine core): any few ids run every graph as text would."""
+        lead, forced = self.language_tokens("", "")
+        spec = self.bundle.spec
+        word = next(i for i in range(spec.vocab_size - 1, -1, -1) if i not in (spec.pad_id, spec.eos_id, spec.unk_id))
+        ids = lead + [word] * 3 + [spec.eos_id]
+        budget = min(max_output_len(len(ids), self.max_output), self.max_output - len(forced))
+        return Job(self.name, ids, params, budget, sink, None, forced=forced)
 
     def stop(self, grace: float) -> None:
         self.loop.stop(grace)
@@ -157,6 +180,7 @@ class HostedModel:
 
     def encode_texts(self, texts: list[str], prefix: Optional[list[int]] = None,
                      labels: Optional[list[str]] = None) -> list[list[int]]:
+        from models.core.tokenizer import normalize  # a frontend's: loaded with its tokenizer (__init__)
         problems, out = [], []
         for i, text in enumerate(texts):
             label = labels[i] if labels else f"texts[{i}]"

@@ -24,7 +24,11 @@ and HTTP) with a small queue (--max-queue-size 64) and waits for health SERVING.
            must agree with the codes the client saw
   drain    SIGTERM with streams in flight: they finish or get UNAVAILABLE, new calls
            get UNAVAILABLE, the process exits 0 within the grace period
-The server's VmRSS is sampled every second throughout. The run stops by itself
+The server's memory (RSS and PSS, summed over its processes) is sampled every second throughout.
+The growth after warm-up compares two quiet moments, QUIET_S after the warm-up's traffic and after
+the load settled: the slot caches follow the rows running at the instant of a sample (and go back
+to the kernel after 2 s idle, models/core/kv_cache.py), so two samples under load compare how busy
+the engine happened to be, not what it kept; the peak covers the load. The run stops by itself
 (--duration, --max-rpcs; every call has a deadline and counts as hung 10 s past it)
 and talks to 127.0.0.1 only. Writes a Markdown report (--out), a PNG beside it
 and, with --json, a JSON summary.
@@ -77,6 +81,9 @@ def flickr_sentences() -> list[str]:
         from models.data import multi30k_file
         return multi30k_file("test_2016_flickr.en", data_dir=SHARED).splitlines()
     return FIXTURE.read_text(encoding="utf-8").splitlines()
+
+
+QUIET_S = 3.0  # past the engine's idle give-back (models/core/kv_cache.py IDLE_S = 2 s)
 
 
 async def progress(rec: Recorder, rss: Optional[RssSampler], stop: asyncio.Event, every: float = 5.0) -> None:
@@ -152,7 +159,9 @@ async def soak(args, argv: list[str], server: Optional[ServerProcess], flags: li
     if http:
         await http.every_hostile_case()
     await workers(traffic, max(2, args.concurrency // 4), args.duration * 0.1, args.max_rpcs, args.seed + 7)
-    if rss:
+    if rss:  # the growth compares two quiet moments (QUIET_S after traffic), not two random loads
+        rss.sample("warm-up's end")
+        await asyncio.sleep(QUIET_S)
         rss.sample("after_warmup")
     health_large, large = await large_window(traffic, probe)
     under_load, health_load, http_health_load = await main_load(args, traffic, probe, http_probe, extreme, golden)
@@ -167,6 +176,8 @@ async def soak(args, argv: list[str], server: Optional[ServerProcess], flags: li
         metrics["client_counts"] = {rpc: dict(c) for rpc, c in sorted(client_counts(before_drain).items())}
         metrics["consistency"] = metrics_consistency(before_drain, metrics["server_counts"])
     if rss:
+        rss.sample("load's end")
+        await asyncio.sleep(QUIET_S)
         rss.sample("end")
     drained = await drain(server, traffic, args.grace_period) if server else None
     rec.enter("done")

@@ -27,8 +27,11 @@ def plot(summary: dict, path: Path) -> None:
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 6), sharex=True)
     rss = (summary["rss"] or {}).get("samples", [])
     if rss:
-        top.plot([s["t"] for s in rss], [s["rss_mb"] for s in rss], "-", color="tab:blue")
-    top.set_ylabel("server RSS (MB)")
+        top.plot([s["t"] for s in rss], [s["rss_mb"] for s in rss], "-", color="tab:blue", label="RSS, summed")
+        if "pss_mb" in rss[0]:
+            top.plot([s["t"] for s in rss], [s["pss_mb"] for s in rss], "-", color="tab:purple", label="PSS, summed")
+        top.legend(fontsize=8)
+    top.set_ylabel("server memory (MB)")
     tl = summary["timeline"]
     bottom.plot(tl["second"], tl["answers"], "-", label="answers/s", color="tab:green")
     bottom.plot(tl["second"], tl["not_ok"], "-", label="not OK/s", color="tab:red", alpha=0.7)
@@ -162,6 +165,21 @@ def render(s: dict, png_name: str) -> str:
                   "|---|---|---|---|---|",
                   f"| {rss['start_mb']:.0f} MB | {rss['after_warmup_mb']:.0f} MB | {rss['peak_mb']:.0f} MB | "
                   f"{rss['end_mb']:.0f} MB | {'' if growth is None else f'{growth:+.1f}%'} |"]
+        pss = rss.get("pss")
+        if pss and pss["after_warmup_mb"]:
+            pg = pss["growth_pct_after_warmup"]
+            lines += [f"| PSS: {pss['start_mb']:.0f} MB | {pss['after_warmup_mb']:.0f} MB | {pss['peak_mb']:.0f} MB | "
+                      f"{pss['end_mb']:.0f} MB | {'' if pg is None else f'{pg:+.1f}%'} |"]
+        procs = rss.get("processes") or {}
+        if procs:
+            pids = sorted({pid for by_pid in procs.values() for pid in by_pid})
+            lines += ["", "Each process's RSS (MB) at the marks (pids in start order; the first is the frontend):", "",
+                      "| mark | " + " | ".join(str(p) for p in pids) + " |", "|---" * (len(pids) + 1) + "|"]
+            for mark, by_pid in procs.items():
+                lines.append(f"| {mark} | " + " | ".join(f"{by_pid[p]:.0f}" if p in by_pid else "" for p in pids) + " |")
+        lines += ["", "RSS sums each process's VmRSS, so a library the processes share counts once per process "
+                  "(an upper bound); PSS splits each shared page among the processes mapping it (their sum is "
+                  "what the tree holds). The targets read RSS."]
         if target:
             lines += ["", f"Target: {target['name']}: **{'pass' if target['ok'] else 'FAIL'}** "
                       f"({'gates the exit code' if target['gating'] else 'reported; gates with --strict-memory'})."]

@@ -34,27 +34,31 @@ class ServerProcess(harness.ServerProcess):
     async def wait_serving(self, timeout: float = 180.0) -> None:
         await asyncio.to_thread(super().wait_serving, timeout)
 
-    def rss_mb(self) -> Optional[float]:
-        """The server's resident memory with its live descendants' (harness.tree_rss_mb): with
-        --engine-core process the engine core and any extra frontends hold most of it."""
-        return harness.tree_rss_mb(self.proc.pid)
+    def memory(self) -> Optional[dict]:
+        """The server's resident memory with its live descendants' (harness.tree_memory: RSS summed,
+        PSS summed, each process's RSS): with engine cores in processes they hold most of it."""
+        return harness.tree_memory(self.proc.pid)
 
 
 class RssSampler:
-    """VmRSS of the server every `period` seconds, tagged with the harness's phase."""
+    """The server's memory every `period` seconds, tagged with the harness's phase. The targets read
+    the RSS sum (an upper bound: shared libraries count once per process); PSS and each process's
+    RSS are kept beside it to say where the memory is."""
 
     def __init__(self, server: ServerProcess, recorder: Recorder, period: float = 1.0):
         self.server, self.rec, self.period = server, recorder, period
         self.samples: list[dict] = []
-        self.marks: dict[str, float] = {}
+        self.marks: dict[str, dict] = {}
 
     def sample(self, mark: Optional[str] = None) -> Optional[float]:
-        rss = self.server.rss_mb()
-        if rss is not None:
-            self.samples.append({"t": round(self.rec.elapsed(), 2), "rss_mb": round(rss, 1), "phase": self.rec.phase})
-            if mark:
-                self.marks[mark] = rss
-        return rss
+        mem = self.server.memory()
+        if mem is None:
+            return None
+        self.samples.append({"t": round(self.rec.elapsed(), 2), "rss_mb": round(mem["rss"], 1),
+                             "pss_mb": round(mem["pss"], 1), "phase": self.rec.phase})
+        if mark:
+            self.marks[mark] = mem
+        return mem["rss"]
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -65,12 +69,18 @@ class RssSampler:
                 pass
 
     def summary(self) -> dict:
-        values = [s["rss_mb"] for s in self.samples]
-        m = self.marks
-        base = m.get("after_warmup")
+        m = {k: v["rss"] for k, v in self.marks.items()}
+        pss = {k: v["pss"] for k, v in self.marks.items()}
+        base, pss_base = m.get("after_warmup"), pss.get("after_warmup")
         growth = 100.0 * (m["end"] - base) / base if base and "end" in m else None
-        return {"start_mb": m.get("start"), "after_warmup_mb": base, "peak_mb": max(values, default=None),
-                "end_mb": m.get("end"), "growth_pct_after_warmup": growth, "samples": self.samples}
+        pss_growth = 100.0 * (pss["end"] - pss_base) / pss_base if pss_base and "end" in pss else None
+        return {"start_mb": m.get("start"), "after_warmup_mb": base,
+                "peak_mb": max((s["rss_mb"] for s in self.samples), default=None),
+                "end_mb": m.get("end"), "growth_pct_after_warmup": growth,
+                "pss": {"start_mb": pss.get("start"), "after_warmup_mb": pss_base, "end_mb": pss.get("end"),
+                        "peak_mb": max((s["pss_mb"] for s in self.samples), default=None),
+                        "growth_pct_after_warmup": pss_growth},
+                "processes": {k: v["processes"] for k, v in self.marks.items()}, "samples": self.samples}
 
 
 # -- /metrics ----------------------------------------------------------------------------------------------

@@ -8,12 +8,13 @@ it. Rows are decoded in slot order.
 from __future__ import annotations
 
 import time
+from typing import Optional
 
 import numpy as np
 import onnxruntime as ort
 
 from models.core.inplace_step import InPlaceStep
-from models.core.kv_cache import Row, SlotCache
+from models.core.kv_cache import IDLE_S, Row, SlotCache
 from models.core.runtime import OnnxModel
 from models.core.static_decode import pad_batch
 from server.core.choose import Choices, RowControls, TokenChooser
@@ -54,12 +55,23 @@ class Engine:
         self.chooser = chooser
         # decoder_inplace.onnx writes the slot cache itself; decoder_step.onnx needs gathered copies.
         self.inplace = InPlaceStep(runtime.inplace, cache, self.spec.out_vocab_size) if runtime.inplace else None
+        self._encoded_at: Optional[float] = None  # the last encoder run since the arena was given back
+
+    def give_back_idle(self, now: float) -> None:
+        """With no work for IDLE_S: the cache's pages (SlotCache.give_back_idle), and the encoder's arena and
+        the heap's free pages if it has run since (OnnxModel.release_idle_memory; Embed calls use only the
+        encoder, so the cache alone cannot tell)."""
+        self.cache.give_back_idle(now)
+        if self._encoded_at is not None and now - self._encoded_at >= IDLE_S and self.cache.used == 0:
+            self._encoded_at = None
+            self.runtime.release_idle_memory()
 
     def _encode(self, seqs: list[list[int]]):
         ids, mask = pad_batch(seqs, self.spec.pad_id)
         t0 = time.perf_counter()
         memory, cross_k, cross_v = self.runtime.encode(ids, mask)
         self.m.encode_time.observe(time.perf_counter() - t0)
+        self._encoded_at = time.monotonic()
         self.m.encode_batch.observe(len(seqs))
         self.m.padding.observe(1.0 - mask.sum() / mask.size)
         return memory, _host(cross_k), _host(cross_v), mask

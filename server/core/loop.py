@@ -43,7 +43,7 @@ class EngineLoop(threading.Thread):
                 sched.abort_all(Unavailable("the server shut down before this request finished"))
                 break
             if sched.idle:
-                self.engine.cache.give_back_idle(time.monotonic())  # an idle engine holds no cache pages
+                self.engine.give_back_idle(time.monotonic())  # an idle engine holds no burst's memory
                 sched.wait_for_work(0.05)
                 continue
             now = time.monotonic()

@@ -249,8 +249,9 @@ class Core:
             t.join()
 
 
-def main(cfg: ServerConfig, address: str, parent: int) -> None:
-    """The core process's entry point (multiprocessing, spawn): load, warm up, say Ready, serve."""
+def main(cfg: ServerConfig, address: str, parent: int, pieces: Optional[dict[str, tuple[str, ...]]] = None) -> None:
+    """The core process's entry point (multiprocessing, spawn): load, warm up, say Ready, serve. A model
+    with `pieces` (its frontend's) loads no tokenizer here."""
     # The primary frontend decides when to stop (the Stop message, after its own drain has begun): a
     # signal to the whole process group (Ctrl-C, systemd's control-group kill) must not end the core
     # under its callers. A frontend that is gone ends it too (Core._check).
@@ -260,7 +261,7 @@ def main(cfg: ServerConfig, address: str, parent: int) -> None:
     metrics = Metrics()
     models = {}
     for bundle in discover(cfg.model_repository):
-        model = HostedModel(bundle, cfg, metrics)
+        model = HostedModel(bundle, cfg, metrics, pieces=(pieces or {}).get(bundle.name))
         model.start()
         models[bundle.name] = model
     core = Core(models, metrics, address, parent, cfg.watchdog_s)

@@ -33,7 +33,7 @@ import asyncio
 import functools
 import itertools
 import logging
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Optional
 
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
@@ -55,12 +55,14 @@ async def _nothing() -> None:
 
 class Replicas:
     def __init__(self, cfg: ServerConfig, metrics: Metrics, on_down: Callable[[], Awaitable[None]],
-                 on_up: Callable[[], Awaitable[None]], attach: str = ""):
-        """`attach`: the comma-separated core addresses of another process's replicas (an extra frontend)."""
-        self.on_down, self.on_up = on_down, on_up
+                 on_up: Callable[[], Awaitable[None]], attach: str = "",
+                 pieces: Optional[dict[str, tuple[str, ...]]] = None):
+        """`attach`: the comma-separated core addresses of another process's replicas (an extra frontend).
+        `pieces`: each model's vocabulary pieces, handed to the cores (CoreSupervisor)."""
+        self.on_down, self.on_up, self.pieces = on_down, on_up, pieces
         addresses = attach.split(",") if attach else [""] * cfg.replicas
-        self.members = [CoreSupervisor(cfg, metrics, functools.partial(self._down, i), self._up, attach=a)
-                        for i, a in enumerate(addresses)]
+        self.members = [CoreSupervisor(cfg, metrics, functools.partial(self._down, i), self._up, attach=a,
+                                       pieces=pieces) for i, a in enumerate(addresses)]
         self._turn = itertools.count()
         # Fill one replica's batch before opening the next: a step's fixed cost (Python, the hop to the
         # frontend) is spread over its rows, so two half-full replicas cost more per token than one full one
@@ -116,7 +118,8 @@ class Replicas:
             return None
         async with self._background_lock:
             if self.background is None:
-                core = CoreSupervisor(self.cfg, self.metrics, _nothing, _nothing, nice=BACKGROUND_NICE)
+                core = CoreSupervisor(self.cfg, self.metrics, _nothing, _nothing, nice=BACKGROUND_NICE,
+                                     pieces=self.pieces)
                 try:
                     ready = await core.start()
                 except CoreFailed as e:  # background work goes to the replicas meanwhile

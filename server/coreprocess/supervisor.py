@@ -65,8 +65,11 @@ class CoreFailed(RuntimeError):
 
 class CoreSupervisor:
     def __init__(self, cfg: ServerConfig, metrics: Metrics, on_down: Callable[[], Awaitable[None]],
-                 on_up: Callable[[], Awaitable[None]], attach: str = "", nice: int = 0):
-        """`nice`: the core's CPU priority lowered by this much (the background replica, replicas.py)."""
+                 on_up: Callable[[], Awaitable[None]], attach: str = "", nice: int = 0,
+                 pieces: Optional[dict[str, tuple[str, ...]]] = None):
+        """`nice`: the core's CPU priority lowered by this much (the background replica, replicas.py).
+        `pieces`: each model's vocabulary pieces from the frontend's tokenizers, so the core loads none
+        (server/hosted.py HostedModel)."""
         self.cfg, self.metrics, self.on_down, self.on_up = cfg, metrics, on_down, on_up
         self.attached = bool(attach)  # the core is another process's child: watch and reconnect only
         self.dir = "" if attach else tempfile.mkdtemp(prefix="nmt-core-")
@@ -79,9 +82,14 @@ class CoreSupervisor:
             self.config_file = os.path.join(self.dir, "config.json")
             with open(self.config_file, "w", encoding="utf-8") as f:
                 json.dump(dataclasses.asdict(cfg), f)
+            extra = ["--nice", str(nice)] if nice else []
+            if pieces:
+                pieces_file = os.path.join(self.dir, "pieces.json")
+                with open(pieces_file, "w", encoding="utf-8") as f:
+                    json.dump(pieces, f)
+                extra += ["--pieces", pieces_file]
             self.command = [sys.executable, "-m", "server.coreprocess", "--config", self.config_file,
-                            "--address", self.link.address, "--parent", str(os.getpid()),
-                            *(["--nice", str(nice)] if nice else [])]
+                            "--address", self.link.address, "--parent", str(os.getpid()), *extra]
 
     async def start(self) -> wire.Ready:
         """Start a core and wait for it to be Ready (raises CoreFailed if it exits first)."""

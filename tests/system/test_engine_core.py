@@ -15,7 +15,7 @@ import time
 import grpc
 import pytest
 
-from benchmarks.harness import descendants, free_port, proc_status, tree_rss_mb
+from benchmarks.harness import descendants, free_port, proc_status, tree_memory, tree_rss_mb
 from client.client import TranslatorClient
 from tests.serving import (ServerThread, flickr_sentences, read_to_end, start_subprocess, wait_for,
                            wait_process_serving)
@@ -196,6 +196,9 @@ def test_a_dead_frontend_takes_its_core_with_it():
         # models): the sum is exactly the two processes' VmRSS, read once each.
         both, alone = tree_rss_mb(proc.pid), [proc_status(p)["VmRSS"] / 2**20 for p in (proc.pid, core)]
         assert alone[1] > 20 and abs(both - sum(alone)) < 0.05 * sum(alone), (both, alone)
+        # PSS splits the pages the two share (libraries, Python): less than the RSS sum, more than either.
+        mem = tree_memory(proc.pid)
+        assert set(mem["processes"]) == {proc.pid, core} and max(alone) < mem["pss"] < mem["rss"], mem
         proc.kill()
         proc.wait(10)
 
@@ -209,6 +212,18 @@ def test_a_dead_frontend_takes_its_core_with_it():
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_the_core_loads_no_tokenizer(core_server):
+    """The core decodes ids its frontend tokenised; it gets the vocabulary's pieces from the frontend
+    (server/hosted.py) rather than loading the tokenizers library and each model's tokenizer (~11 MB
+    resident per replica, measured), and its output is the frontend's, as every test here checks."""
+    srv, client = core_server
+    with open(f"/proc/{core_pid(srv)}/maps", encoding="utf-8") as f:
+        libraries = {line.split()[-1].rsplit("/", 1)[-1] for line in f if "/" in line}
+    assert not any(name.startswith("tokenizers") for name in libraries), sorted(libraries)
+    assert any(name.startswith("onnxruntime") for name in libraries)  # the probe reads the right process
+    assert client.translate(["A man is riding a bike."], model=MODEL).translations[0].hypotheses[0].text
 
 
 def test_extreme_settings_beside_ordinary_calls_fail_nothing_in_the_core_process(core_server):

@@ -1,0 +1,58 @@
+"""An engine that goes idle gives a burst's memory back (issue 33: memory stays flat under soaks).
+
+The slot cache's pages, the encoder's ONNX Runtime arena (grown by a batch of long sources) and the
+heap's free pages go back to the kernel once the engine has had no work for IDLE_S
+(server/core/engine.py give_back_idle). Before the arena and the heap were included, the same burst
+left ~80% of its growth resident for good (docs/memory.md). A fresh interpreter: nothing else's
+memory moves the figures."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CODE = """
+import json, threading, time
+from models.core.bundle import discover
+from server.config import ServerConfig
+from server.core.request import DecodingParams, ErrorEvent, FinishEvent
+from server.hosted import HostedModel
+from server.metrics import Metrics
+
+def rss():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+cfg = ServerConfig(model_repository="model_repository")
+model = HostedModel(next(b for b in discover(cfg.model_repository) if b.name == "multi30k-en-de-small"), cfg, Metrics())
+model.start()
+time.sleep(0.5)
+base = rss()
+with open("../shared/data/multi30k/test_2016_flickr.en", encoding="utf-8") as f:
+    sentences = f.read().splitlines()
+texts = [" ".join(sentences[i:i + 12]) for i in range(0, 48 * 12, 12)]  # 48 sources of ~200 tokens
+done = threading.Semaphore(0)
+def sink(event):
+    if isinstance(event, (FinishEvent, ErrorEvent)):
+        done.release()
+model.scheduler.submit(model.jobs(texts, DecodingParams(max_output_tokens=8), sink, None))
+for _ in texts:
+    done.acquire()
+peak = rss()
+deadline = time.monotonic() + 30
+while time.monotonic() < deadline and rss() > base + 0.2 * (peak - base):
+    time.sleep(0.1)
+print(json.dumps({"base": base, "peak": peak, "after": rss()}))
+"""
+
+
+def test_an_idle_engine_gives_a_bursts_memory_back():
+    out = subprocess.run([sys.executable, "-c", CODE], cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    mb = json.loads(out.stdout.strip().splitlines()[-1])
+    grown = mb["peak"] - mb["base"]
+    assert grown > 30, mb  # the burst did grow it (the encoder's scores alone: 48 x 4 x 200 x 200 floats a layer)
+    assert mb["after"] - mb["base"] < 0.5 * grown, mb  # and most of it went back (cache, arena, heap)

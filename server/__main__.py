@@ -13,7 +13,7 @@ from server.app import EXIT_ENGINE_FAILED, ConfigError, TranslationServer
 from server.config import ServerConfig
 from server.imports import ImportFailed, prepare_repository
 from server.observability import logs
-from server.process_memory import limit_malloc_arenas
+from models.core.heap import limit_malloc_arenas
 
 log = logging.getLogger("server")
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import threading
+from collections import Counter
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -40,8 +41,8 @@ class LanguageIdentifier:
     def _identifier(self):
         with self._lock:
             if self._model is None:
-                from py3langid.langid import MODEL_FILE, LanguageIdentifier as Model
-                self._model = Model.from_model_file(MODEL_FILE, norm_probs=True)
+                from py3langid.langid import MODEL_FILE
+                self._model = compact_model(MODEL_FILE)
             return self._model
 
     def warm(self) -> None:
@@ -72,3 +73,63 @@ def route(detection: Detection, served: Sequence[str]) -> Optional[str]:
         return None
     likely = dict(detection.ranked)
     return max(served, key=lambda lang: likely.get(lang, 0.0)) if served else None
+
+
+# -- the model, in half the memory ------------------------------------------------------------------------
+FAR = 0xFFFF  # a transition to a state numbered past 16 bits: looked up in the exceptions instead
+
+
+def compact_model(model_file: str):
+    """py3langid's identifier with its byte automaton stored in 16 bits a transition, same answers.
+
+    Measured problem (docs/memory.md): the identifier was the frontend's largest holder, 73 MB resident,
+    and 39 MB of that is the automaton's transition table: 38,346 rows of 256 next states in 32 bits,
+    because its 104,583 states do not fit 16. Almost every transition goes to a few states, though:
+    numbered by how many transitions enter them, the first 65,535 states take all but 39,048 of the 9.8
+    million. So the table keeps 16-bit state numbers in that order, FAR marks the 39,048 others, and a
+    dict holds those (tests/unit/test_language_id.py: the same ranking as py3langid's own on every test
+    sentence and on random text). One more comparison per byte; ~20 MB less in every frontend."""
+    from array import array
+
+    import numpy as np
+    from py3langid.langid import LanguageIdentifier as Model
+
+    from models.core.heap import release_free_heap
+
+    class Compact(Model):
+        __slots__ = ("_next16", "_far", "_start", "_row_of", "_feature_of")
+
+        def _raw_score(self, text):  # py3langid's visit_counts over the compact table
+            next16, far, row_of, feature_of = self._next16, self._far, self._row_of, self._feature_of
+            state, found = self._start, []
+            for byte in text:
+                at = row_of[state] + byte
+                state = next16[at]
+                if state == FAR:
+                    state = far[at]
+                feature = feature_of[state]
+                if feature >= 0:
+                    found.append(feature)
+            if found:
+                return self._sparse_score(Counter(found), self.nb_ptc)
+            return super()._raw_score(b"")  # no features: the library's own answer for that case
+
+    model = Compact.from_model_file(model_file, norm_probs=True)
+    table = np.frombuffer(model.tk_nextmove, dtype=np.uint32 if model.tk_nextmove.itemsize == 4 else np.uint16)
+    states = len(model.tk_row)
+    order = np.argsort(-np.bincount(table, minlength=states), kind="stable")  # most entered first
+    number = np.empty(states, dtype=np.int64)
+    number[order] = np.arange(states)
+    renumbered = number[table]
+    far_at = np.flatnonzero(renumbered >= FAR)
+    model._far = dict(zip(far_at.tolist(), renumbered[far_at].tolist()))
+    renumbered[far_at] = FAR
+    model._next16 = array("H", renumbered.astype(np.uint16).tobytes())
+    model._start = int(number[0])
+    model._row_of = [int(model.tk_row[old]) << 8 for old in order.tolist()]
+    model._feature_of = [model.tk_output[old] for old in order.tolist()]
+    # The 32-bit table and the library's per-state lists are not used any more: drop them.
+    model.tk_nextmove = model.tk_row = model.tk_output = model._rowbase = None
+    del table, renumbered
+    release_free_heap()  # the load's temporaries (the 32-bit table, the renumbering): ~5 MB more back
+    return model

@@ -24,6 +24,7 @@ import onnxruntime as ort
 from onnxruntime.capi import _pybind_state as ort_c
 
 from models.core.bundle import Bundle
+from models.core.heap import release_free_heap
 
 log = logging.getLogger(__name__)
 
@@ -93,17 +94,6 @@ def keep_freed_memory() -> bool:
 # Size of the process-wide pool once created; "per-session" when ONNX Runtime had already
 # started without one (something created a session first), which cannot be changed later.
 _shared_pool: dict[str, object] = {}
-
-
-def release_free_heap() -> bool:
-    """Hand the free pages of every glibc heap back to the kernel (malloc_trim(0)); True if it did.
-    keep_freed_memory's threshold keeps them while the engine runs steps; an idle engine calls this
-    (OnnxModel.release_idle_memory) so a burst's high-water mark does not stay resident. A no-op where
-    libc is not glibc."""
-    try:
-        return bool(ctypes.CDLL("libc.so.6").malloc_trim(0))
-    except (OSError, AttributeError):
-        return False
 
 
 def use_shared_pool(threads: int) -> bool:

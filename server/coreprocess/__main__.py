@@ -16,7 +16,7 @@ if __name__ == "__main__":
     p.add_argument("--nice", type=int, default=0, help="lower this process's CPU priority by this much first "
                    "(the background replica: 19); every thread started later inherits it")
     args = p.parse_args()
-    from server.process_memory import limit_malloc_arenas
+    from models.core.heap import limit_malloc_arenas
     limit_malloc_arenas()  # before the engine, socket and ONNX Runtime threads start
     if args.nice:
         os.nice(args.nice)  # before numpy, ONNX Runtime and the engine thread start theirs

@@ -25,7 +25,7 @@ from server.config import ServerConfig
 from server.coreprocess import protocol as wire
 from server.coreprocess.link import identity
 from server.observability import logs
-from server.process_memory import limit_malloc_arenas
+from models.core.heap import limit_malloc_arenas
 
 log = logging.getLogger("server.coreprocess")
 PARENT_POLL_S = 0.5
@@ -74,7 +74,7 @@ async def serve(cfg: ServerConfig, core: str, control: str, parent: int) -> int:
 
 
 def main() -> int:
-    limit_malloc_arenas()  # before gRPC, uvicorn and the link start their threads (server/process_memory.py)
+    limit_malloc_arenas()  # before gRPC, uvicorn and the link start their threads (models/core/heap.py)
     p = argparse.ArgumentParser(prog="python -m server.coreprocess.frontend", description=__doc__)
     p.add_argument("--config", required=True, help="the server's settings as JSON (written by the primary)")
     p.add_argument("--core", required=True, help="the engine replicas' ZeroMQ addresses, comma-separated")

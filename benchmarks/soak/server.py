@@ -55,7 +55,8 @@ class RssSampler:
         if mem is None:
             return None
         self.samples.append({"t": round(self.rec.elapsed(), 2), "rss_mb": round(mem["rss"], 1),
-                             "pss_mb": round(mem["pss"], 1), "phase": self.rec.phase})
+                             "pss_mb": round(mem["pss"], 1), "phase": self.rec.phase,
+                             "processes": mem["processes"]})
         if mark:
             self.marks[mark] = mem
         return mem["rss"]

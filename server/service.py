@@ -239,7 +239,12 @@ class TranslatorService(pb_grpc.TranslatorServicer):
                                       f"({request.reason}; {request.size} bytes)")
             if not self.accepting:
                 raise Unavailable("the server is shutting down")
-            return await work()
+            answer = await work()
+            if answer is not None and _call_over(context) is not None:
+                # A unary answer with nobody to take it (cancelled, deadline): grpc would fail the send and
+                # log an ERROR traceback (observability/logs.py ClientGone); end as a cancelled call does.
+                raise asyncio.CancelledError()
+            return answer
         except ServiceError as e:
             status = grpc.StatusCode[e.code]
             code = _call_over(context) or status

@@ -235,15 +235,17 @@ class OnnxModel:
         """True when the sessions run on CUDA: cross keys/values then stay there as OrtValues."""
         return self.providers[0] == "CUDAExecutionProvider"
 
-    def encode(self, src_ids: np.ndarray, src_mask: np.ndarray):
+    def encode(self, src_ids: np.ndarray, src_mask: np.ndarray, give_back: bool = False):
         """src_ids (B, S) int64, src_mask (B, S) bool -> memory (B, S, D), cross_k, cross_v (L, B, H, S, Dh).
+        `give_back`: the arena's growth and the heap's free pages go back after this pass, as after a
+        large one (LARGE_ENCODE_CELLS; CPU).
 
         On CUDA, cross_k and cross_v come back as device-resident OrtValues
         (IO binding): they are the largest per-request state and are read by
         every decode step, so they never cross the PCIe bus again.
         """
         if not self.on_device:
-            large = src_ids.shape[0] * src_ids.shape[1] ** 2 >= LARGE_ENCODE_CELLS
+            large = give_back or src_ids.shape[0] * src_ids.shape[1] ** 2 >= LARGE_ENCODE_CELLS
             memory, cross_k, cross_v = self.encoder.run(None, {"src_ids": src_ids, "src_mask": src_mask},
                                                         _SHRINK_ARENA if large else None)
             if large:

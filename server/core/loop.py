@@ -60,6 +60,7 @@ class EngineLoop(threading.Thread):
                 sched.fail_running(Internal(f"internal engine error: {e}"))
             finally:
                 relay.flush()
+            self.engine.trim_heap(now)  # what a busy engine frees goes back every few seconds, not only when idle
 
     def iteration(self, now: float) -> bool:
         """One schedule -> execute -> update round; False if there was nothing to run."""

@@ -44,7 +44,7 @@ class CopyModel:
         self.fail = False
         self.steps = 0
 
-    def encode(self, ids: np.ndarray, mask: np.ndarray):
+    def encode(self, ids: np.ndarray, mask: np.ndarray, give_back: bool = False):  # give_back: memory only
         b, s = ids.shape
         layers, heads, dh = SPEC.n_dec_layers, SPEC.n_heads, SPEC.d_model // SPEC.n_heads
         memory = np.zeros((b, s, SPEC.d_model), np.float32)

@@ -98,6 +98,7 @@ class ScriptedRuntime:
         self.spec, self.providers = SPEC, ["scripted"]
         self.scripts, self.default = dict(scripts or {}), default
         self.encoded: list[list[tuple]] = []  # per encoder pass, its sources
+        self.gave_back: list[bool] = []  # per encoder pass, whether it was asked to give its arena back
         self.rows: list[int] = []  # per decode step, its batch size
         self.fail_encode: set[int] = set()
         self.fail_decode: set[int] = set()
@@ -111,8 +112,9 @@ class ScriptedRuntime:
             row[token] = logit
         return row
 
-    def encode(self, ids: np.ndarray, mask: np.ndarray):
+    def encode(self, ids: np.ndarray, mask: np.ndarray, give_back: bool = False):  # give_back: memory only
         self.encoded.append([tuple(int(t) for t in r[m]) for r, m in zip(ids, mask)])
+        self.gave_back.append(give_back)
         if len(self.encoded) in self.fail_encode:
             self.raised.set()
             raise RuntimeError("scripted encoder failure")
@@ -331,6 +333,27 @@ def test_the_encoder_budget_splits_admission_and_an_oversized_text_goes_alone():
     # 5 + 5 fill the budget; 6 + 12 would not; 12 alone exceeds it but goes alone; 12 + 1 would not.
     assert bench.rt.encoded == [[(10,) * 5, (11,) * 5], [(12,) * 6], [(13,) * 12], [(14,)]]
     assert [bench.end(j).reason for j in (a, b, c, d, e)] == [FinishReason.EOS] * 5
+
+
+def test_a_busy_engine_trims_its_heap_every_few_seconds_and_the_next_pass_gives_its_arena_back(monkeypatch):
+    """Memory a busy engine freed goes back every HEAP_TRIM_S, not only once idle (server/core/engine.py
+    trim_heap): the heap at once, the encoder's arena after its next pass; never more often."""
+    import server.core.engine as engine_module
+    trims = []
+    monkeypatch.setattr(engine_module, "release_free_heap", lambda: trims.append(1))
+    bench = Bench()
+    start = bench.engine._trimmed_at
+    bench.submit(bench.job((10, 11)))
+    bench.run()
+    bench.engine.trim_heap(start + engine_module.HEAP_TRIM_S / 2)
+    assert trims == []  # not yet
+    bench.engine.trim_heap(start + engine_module.HEAP_TRIM_S)
+    assert trims == [1]
+    bench.submit(bench.job((12, 13)))
+    bench.run()
+    bench.submit(bench.job((14, 15)))
+    bench.run()
+    assert bench.rt.gave_back[-2:] == [True, False]  # the first pass after the trim, and only it
 
 
 def test_running_work_does_not_count_against_the_queue():

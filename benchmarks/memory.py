@@ -236,7 +236,8 @@ def ort_probe(repository: str, arena: bool, pattern: bool, slots: int, steps: in
     import numpy as np
 
     from models.core.bundle import discover
-    from models.core.runtime import OnnxModel, RuntimeOptions, keep_freed_memory
+    from models.core.heap import keep_freed_memory
+    from models.core.runtime import OnnxModel, RuntimeOptions
     pid = os.getpid()
     keep_freed_memory()  # as the server does
     model = OnnxModel(discover(repository)[0], RuntimeOptions(provider="cpu", cpu_mem_arena=arena,

@@ -51,7 +51,8 @@ class HostedModel:
         # Imported here: a frontend over engine core processes (--engine-core process) builds no engine, and
         # ONNX Runtime alone is ~20 MB resident in every process that imports it.
         from models.core.kv_cache import SlotCache
-        from models.core.runtime import OnnxModel, RuntimeOptions, keep_freed_memory
+        from models.core.heap import keep_freed_memory
+        from models.core.runtime import OnnxModel, RuntimeOptions
         from server.core.choose import TokenChooser
         from server.core.engine import Engine
         from server.core.loop import EngineLoop

@@ -13,7 +13,6 @@ by ~15-30% (`git show ba30137:docs/benchmarks/serving_load.md`).
 """
 from __future__ import annotations
 
-import ctypes
 import functools
 import logging
 from dataclasses import dataclass
@@ -63,32 +62,6 @@ def resolve_providers(provider: str) -> list[str]:
             return ["CUDAExecutionProvider", "CPUExecutionProvider"]
         return ["CPUExecutionProvider"]
     raise ValueError(f"unknown provider {provider!r} (auto, cpu or cuda)")
-
-
-# glibc keeps up to this much free memory at the top of each heap (see keep_freed_memory).
-KEEP_FREED_BYTES = 64 << 20
-
-
-def keep_freed_memory() -> bool:
-    """Stop glibc from handing freed heap memory back to the kernel after every step.
-
-    A decode step allocates a few MB (ORT outputs, numpy temporaries) and frees
-    them; by default glibc trims the heap top or uses fresh mmaps for such sizes,
-    so the next step page-faults all of it in again: ~7 ms per step for four
-    3 MB arrays on the benchmark machine, against ~0.4 ms with the memory kept.
-    Blocks under 32 MB therefore come from the heap, and up to 64 MB free at a
-    heap's top stays there. It was 512 MB when each step also malloc'ed its
-    gathered keys/values (tens of MB); the slot cache now reuses buffers for
-    those, so 64 MB covers a step's churn while bounding what each of glibc's
-    per-thread heaps may hold (docs/memory.md).
-    Process-wide, like the thread pool; a no-op where libc is not glibc.
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        m_trim_threshold, m_mmap_threshold = -1, -3
-        return bool(libc.mallopt(m_mmap_threshold, 32 << 20) and libc.mallopt(m_trim_threshold, KEEP_FREED_BYTES))
-    except (OSError, AttributeError):
-        return False
 
 
 # Size of the process-wide pool once created; "per-session" when ONNX Runtime had already
@@ -195,9 +168,7 @@ class OnnxModel:
         the next burst pays a few ms of page faults to grow the encoder's arena again."""
         if self.on_device:  # the device's arena was never measured here: leave it as it is
             return
-        ids = np.full((1, 1), self.spec.eos_id, dtype=np.int64)
-        self.encoder.run(None, {"src_ids": ids, "src_mask": np.ones((1, 1), dtype=bool)}, _SHRINK_ARENA)
-        release_free_heap()
+        self.encode(np.full((1, 1), self.spec.eos_id, dtype=np.int64), np.ones((1, 1), dtype=bool), give_back=True)
 
     @property
     def decoder(self) -> ort.InferenceSession:

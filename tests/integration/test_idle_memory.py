@@ -62,7 +62,8 @@ LARGE = """
 import json
 import numpy as np
 from models.core.bundle import discover
-from models.core.runtime import LARGE_ENCODE_CELLS, OnnxModel, RuntimeOptions, keep_freed_memory
+from models.core.heap import keep_freed_memory
+from models.core.runtime import LARGE_ENCODE_CELLS, OnnxModel, RuntimeOptions
 
 def status(key):
     with open("/proc/self/status") as f:

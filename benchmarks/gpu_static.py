@@ -36,7 +36,10 @@ def with_fp16(bundle_dir: Path, work: Path) -> Path:
     dst = work / bundle_dir.parent.name / bundle_dir.name
     shutil.copytree(bundle_dir, dst)
     files = {}
-    for graph, name in config["variants"]["fp32"].items():
+    # The graphs the CUDA provider runs (as `python -m export --fp16` writes them): not the weights file
+    # (each fp16 graph holds its own converted weights) and not the in-place decoder (CPU only).
+    for graph in ("encoder", "decoder_step"):
+        name = config["variants"]["fp32"][graph]
         out = name.replace(".onnx", ".fp16.onnx")
         convert_fp16(dst / name, dst / out)
         files[graph] = out

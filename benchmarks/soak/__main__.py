@@ -141,7 +141,7 @@ async def soak(args, argv: list[str], server: Optional[ServerProcess], flags: li
     if http_url:
         http = HttpTraffic(http_url, rec, sentences, info.source_language or "en", info.target_language or "de",
                            traffic.max_texts, traffic.max_beam, args.call_timeout, extreme.cases)
-        traffic.extend(HTTP_MIX, http.runners)
+        traffic.extend({name: weight * args.http_weight for name, weight in HTTP_MIX.items()}, http.runners)
         http_probe = HttpHealthProbe(http_url, rec, send)
     probe = HealthProbe(target, rec)
     stop = asyncio.Event()
@@ -230,6 +230,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-rpcs", type=int, default=100_000,
                    help="start no more load calls once this many calls have started (default: %(default)s)")
     p.add_argument("--concurrency", type=int, default=16, help="workers in the mixed load (default: %(default)s)")
+    p.add_argument("--http-weight", type=float, default=1.0,
+                   help="multiplies the HTTP categories' weights in the mix (24 of 126 at 1): 4 makes about "
+                        "half the calls HTTP (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seeds the mix, the fuzz corpus and sampling "
                    "(default: %(default)s)")
     p.add_argument("--json", type=Path, help="also write the summary and every unexpected call as JSON here")

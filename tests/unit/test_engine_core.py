@@ -19,7 +19,7 @@ import pytest
 from models.core.bundle import discover
 from models.core.kv_cache import SlotCache
 from server.core.choose import TokenChooser
-from server.core.engine import Engine, length_groups
+from server.core.engine import ENCODE_ROWS, Engine, length_groups
 from server.core.errors import Cancelled, DeadlineExceeded, Internal, InvalidArgument, ResourceExhausted, Unavailable
 from server.core.loop import EngineLoop
 from server.metrics import Metrics
@@ -187,6 +187,27 @@ def test_length_groups_keep_padding_under_the_budget():
     groups = length_groups([5, 50, 6, 48, 7], 0.15)
     assert sorted(sum(groups, [])) == [0, 1, 2, 3, 4]
     assert {tuple(sorted(g)) for g in groups} == {(0, 2, 4), (1, 3)}
+
+
+def test_length_groups_cap_a_pass_at_max_rows():
+    groups = length_groups([9] * 70, 0.15, max_rows=32)  # no padding at all: only the width cuts
+    assert [len(g) for g in groups] == [32, 32, 6]
+    assert sorted(sum(groups, [])) == list(range(70))
+
+
+def test_encoder_passes_are_at_most_encode_rows_wide_and_rows_keep_their_sources():
+    """A wide admission is encoded in passes of <= ENCODE_ROWS sources (the arena's high-water mark is
+    the widest pass), and each request's rows still get its own source's cross keys/values."""
+    core = Core(slots=80, max_queue=80)
+    core.scheduler.max_encode_batch = 80
+    widths = []
+    encode = core.model.encode
+    core.model.encode = lambda ids, mask, give_back=False: (widths.append(ids.shape[0]), encode(ids, mask))[1]
+    jobs = core.submit(*(core.job([10 + i % 40, 11 + i % 40, 12]) for i in range(70)))
+    core.run()
+    assert max(widths) == ENCODE_ROWS < 70 and sum(widths) == 70  # several passes, none wider
+    for i, job in enumerate(jobs):
+        assert list(core.finish(job).hypotheses[0].tokens) == [10 + i % 40, 11 + i % 40, 12]
 
 
 # -- cancellation, deadlines, failures ------------------------------------------------------------

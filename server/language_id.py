@@ -86,10 +86,13 @@ def compact_model(model_file: str):
     and 39 MB of that is the automaton's transition table: 38,346 rows of 256 next states in 32 bits,
     because its 104,583 states do not fit 16. Almost every transition goes to a few states, though:
     numbered by how many transitions enter them, the first 65,535 states take all but 39,048 of the 9.8
-    million. So the table keeps 16-bit state numbers in that order, FAR marks the 39,048 others, and a
-    dict holds those (tests/unit/test_language_id.py: the same ranking as py3langid's own on every test
-    sentence and on random text). One more comparison per byte; ~20 MB less in every frontend."""
+    million. So the table keeps 16-bit state numbers in that order, FAR marks the 39,048 others, and
+    two sorted arrays hold those (tests/unit/test_language_id.py: the same ranking as py3langid's own
+    on every test sentence and on random text). One more comparison per byte; ~20 MB less in every
+    frontend, and 9 MB more with the per-state tables as flat arrays rather than lists of int objects
+    (loaded and 600 texts classified: +70.0 -> +61.0 MB, same answers, same time)."""
     from array import array
+    from bisect import bisect_left
 
     import numpy as np
     from py3langid.langid import LanguageIdentifier as Model
@@ -97,16 +100,17 @@ def compact_model(model_file: str):
     from models.core.heap import release_free_heap
 
     class Compact(Model):
-        __slots__ = ("_next16", "_far", "_start", "_row_of", "_feature_of")
+        __slots__ = ("_next16", "_far_at", "_far_to", "_start", "_row_of", "_feature_of")
 
         def _raw_score(self, text):  # py3langid's visit_counts over the compact table
-            next16, far, row_of, feature_of = self._next16, self._far, self._row_of, self._feature_of
+            next16, far_at, far_to = self._next16, self._far_at, self._far_to
+            row_of, feature_of = self._row_of, self._feature_of
             state, found = self._start, []
             for byte in text:
                 at = row_of[state] + byte
                 state = next16[at]
                 if state == FAR:
-                    state = far[at]
+                    state = far_to[bisect_left(far_at, at)]
                 feature = feature_of[state]
                 if feature >= 0:
                     found.append(feature)
@@ -121,13 +125,16 @@ def compact_model(model_file: str):
     number = np.empty(states, dtype=np.int64)
     number[order] = np.arange(states)
     renumbered = number[table]
-    far_at = np.flatnonzero(renumbered >= FAR)
-    model._far = dict(zip(far_at.tolist(), renumbered[far_at].tolist()))
+    far_at = np.flatnonzero(renumbered >= FAR)  # ascending: bisect finds a transition's place
+    # Flat arrays, not a dict and lists of Python ints: 28 bytes an int object plus 8 a list slot
+    # against 8 in an array, ~9 MB less for the same lookups (a bisect only on the rare far transition).
+    model._far_at = array("q", far_at.tobytes())
+    model._far_to = array("q", renumbered[far_at].astype(np.int64).tobytes())
     renumbered[far_at] = FAR
     model._next16 = array("H", renumbered.astype(np.uint16).tobytes())
     model._start = int(number[0])
-    model._row_of = [int(model.tk_row[old]) << 8 for old in order.tolist()]
-    model._feature_of = [model.tk_output[old] for old in order.tolist()]
+    model._row_of = array("q", (int(model.tk_row[old]) << 8 for old in order.tolist()))
+    model._feature_of = array("q", (model.tk_output[old] for old in order.tolist()))
     # The 32-bit table and the library's per-state lists are not used any more: drop them.
     model.tk_nextmove = model.tk_row = model.tk_output = model._rowbase = None
     del table, renumbered

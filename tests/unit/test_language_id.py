@@ -4,6 +4,7 @@ shipped languages, on random text across Unicode, and on the edge cases (empty, 
 from __future__ import annotations
 
 import random
+from array import array
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,10 @@ def test_the_table_is_16_bit_with_few_exceptions(models):
     compact, _ = models
     assert compact._next16.itemsize == 2 and compact.tk_nextmove is None
     far = sum(1 for state in compact._next16 if state == FAR)
-    assert far == len(compact._far) and far < 0.01 * len(compact._next16)
+    assert far == len(compact._far_at) == len(compact._far_to) and far < 0.01 * len(compact._next16)
+    assert list(compact._far_at) == sorted(compact._far_at)  # bisect's precondition
+    # Flat arrays, not Python lists of int objects (~9 MB of the identifier's 70)
+    assert all(isinstance(a, array) for a in (compact._row_of, compact._feature_of, compact._far_at, compact._far_to))
 
 
 def test_the_server_identifier_uses_it():

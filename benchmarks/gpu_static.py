@@ -36,12 +36,14 @@ def with_fp16(bundle_dir: Path, work: Path) -> Path:
     dst = work / bundle_dir.parent.name / bundle_dir.name
     shutil.copytree(bundle_dir, dst)
     files = {}
-    # The graphs the CUDA provider runs (as `python -m export --fp16` writes them): not the weights file
-    # (each fp16 graph holds its own converted weights) and not the in-place decoder (CPU only).
-    for graph in ("encoder", "decoder_step"):
-        name = config["variants"]["fp32"][graph]
+    # The graphs as `python -m export --fp16` writes them, not the weights file (each fp16 graph holds its
+    # own converted weights); the in-place decoder in fp16 throughout (its cache is bound in place).
+    for graph in ("encoder", "decoder_step", "decoder_inplace"):
+        name = config["variants"]["fp32"].get(graph)
+        if name is None:
+            continue
         out = name.replace(".onnx", ".fp16.onnx")
-        convert_fp16(dst / name, dst / out)
+        convert_fp16(dst / name, dst / out, keep_io_types=graph != "decoder_inplace")
         files[graph] = out
     config["variants"]["fp16"] = files
     (dst / "config.json").write_text(json.dumps(config, indent=1))

@@ -183,6 +183,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             convert_fp16(paths["encoder"], stage / "encoder.fp16.onnx")
             convert_fp16(paths["decoder"], stage / "decoder_step.fp16.onnx")
             variants["fp16"] = {"encoder": "encoder.fp16.onnx", "decoder_step": "decoder_step.fp16.onnx"}
+            if with_inplace:
+                convert_fp16(paths["inplace"], stage / "decoder_inplace.fp16.onnx", keep_io_types=False)
+                variants["fp16"]["decoder_inplace"] = "decoder_inplace.fp16.onnx"
         for key in ("decoder", "inplace"):
             if key in paths:
                 saved = graphs.share_tied_embedding(paths[key])

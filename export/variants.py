@@ -8,8 +8,10 @@ because neither side is a constant; the embedding Gather stays fp32.
 
 fp16: weights and activations in half precision with fp32 inputs/outputs
 (keep_io_types), so the engine's cache and the sampler keep one dtype per
-variant boundary. Meant for the CUDA provider; the CPU provider lacks fp16
-kernels for several ops and would fall back to slow casts.
+variant boundary; decoder_inplace in fp16 throughout (its cache is bound in
+place, so the engine keeps an fp16 cache for it). Meant for the CUDA provider
+(GroupQueryAttention's CUDA kernels are fp16/bf16 only); the CPU provider runs
+them too, for tests, with slow casts.
 """
 from __future__ import annotations
 
@@ -25,12 +27,15 @@ def quantize_int8(src: Path, dst: Path) -> Path:
     return dst
 
 
-def convert_fp16(src: Path, dst: Path) -> Path:
+def convert_fp16(src: Path, dst: Path, keep_io_types: bool = True) -> Path:
+    """`keep_io_types=False` for decoder_inplace: its cache inputs and outputs are bound to the same
+    memory, so they must be fp16 themselves (an fp32 cache behind casts would be copied, not written in
+    place); its logits come out fp16 too."""
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
     model = onnx.load(str(src))
     # Softmax over masked scores fills with float32's most negative value; in fp16
     # that constant would overflow to -inf, so the attention ops keep fp32.
-    half = convert_float_to_float16(model, keep_io_types=True, op_block_list=["Softmax"])
+    half = convert_float_to_float16(model, keep_io_types=keep_io_types, op_block_list=["Softmax"])
     onnx.save(half, str(dst))
     return dst

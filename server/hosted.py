@@ -66,7 +66,8 @@ class HostedModel:
                                                         allow_spinning=cfg.spinning))
         spec = bundle.spec
         self.provider = self.runtime.providers[0]
-        self.cache = SlotCache(spec, cfg.max_batch_size, self.max_source, self.max_output + 1)
+        self.cache = SlotCache(spec, cfg.max_batch_size, self.max_source, self.max_output + 1,
+                               self.runtime.cache_dtype, self.runtime.cache_device)
         self.capacity = self.cache.capacity
         generation = bundle.config.get("generation", {})
         rules = GenerationRules(spec.eos_id, spec.suppress_ids, bool(generation.get("force_eos_at_limit", False)),

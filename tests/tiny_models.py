@@ -56,3 +56,19 @@ def varied(outputs: list[list[int]]) -> bool:
     """No output is empty or one token repeated 3+ times, and most outputs differ from each other."""
     return all(o and (len(o) < 3 or len(set(o)) > 1) for o in outputs) \
         and len({tuple(o) for o in outputs}) >= 0.8 * len(outputs)
+
+
+def reverser_bundle(root, name: str):
+    """The reverser exported with every variant `python -m export --fp16` writes (fp32 and fp16, each with
+    its in-place graph), loaded: the bundle the GPU and fp16 tests decode with."""
+    from export.__main__ import main as export_main
+    from models.core.bundle import load_bundle
+    from models.core.tokenizer import train_tokenizer
+    tok = train_tokenizer(["a b c d e f g h i j k l m n o p"] * 5, vocab_size=40, min_frequency=1)
+    ckpt = root / name
+    ckpt.mkdir()
+    tok.save(ckpt / "tokenizer.json")
+    model = reverser(tok.vocab_size)  # trained: a random model decodes one repeated token
+    torch.save({"config": model.cfg.to_dict(), "model": model.state_dict(), "meta": {}}, ckpt / "model.pt")
+    assert export_main(["--checkpoint", str(ckpt / "model.pt"), "--out", str(root / "repo"), "--fp16"]) == 0
+    return load_bundle(root / "repo" / name / "1")

@@ -22,14 +22,17 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 
+from models.core.device_arrays import address, on_device
 from models.core.kv_cache import SlotCache, lazy_zeros
 
 
-def _bind(binding: ort.IOBinding, name: str, array: np.ndarray, output: bool = False) -> None:
-    """Bind a C-contiguous host array by address: ONNX Runtime reads or writes that memory itself."""
+def _bind(binding: ort.IOBinding, name: str, array, output: bool = False) -> None:
+    """Bind a C-contiguous array by address, host (numpy) or device (CuPy): ONNX Runtime reads or
+    writes that memory itself."""
     assert array.flags.c_contiguous, name
     bind = binding.bind_output if output else binding.bind_input
-    bind(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
+    device = "cuda" if on_device(array) else "cpu"
+    bind(name, device, 0, np.dtype(array.dtype), list(array.shape), address(array))
 
 
 class InPlaceStep:
@@ -40,7 +43,9 @@ class InPlaceStep:
         n = cache.capacity
         self.tokens = np.zeros((n, 1), dtype=np.int64)
         self.total = np.zeros((), dtype=np.int32)
-        self.logits = lazy_zeros((n, 1, vocab_size))
+        # The graph's logits have its cache's type (fp16 for the fp16 variant, converted whole); the chooser
+        # reads float32.
+        self.logits = lazy_zeros((n, 1, vocab_size), np.dtype(cache.k.dtype))
         self.layers = cache.k.shape[0]
         self._bindings: dict[int, ort.IOBinding] = {}  # running rows -> their binding
 
@@ -75,4 +80,5 @@ class InPlaceStep:
             binding = self._bindings[b] = self._bind_rows(b)
         self.session.run_with_iobinding(binding)
         c.advance(self.tokens[:b, 0])
-        return self.logits[:b, 0]
+        logits = self.logits[:b, 0]
+        return logits if logits.dtype == np.float32 else logits.astype(np.float32)

@@ -22,6 +22,7 @@ change when rows join, leave or move, so they are gathered again only then.
 from __future__ import annotations
 
 import ctypes
+import functools
 import mmap
 import sys
 import time
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from models.core.bundle import ModelSpec
+from models.core.device_arrays import device_zeros, same_device
 
 
 def lazy_zeros(shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
@@ -57,7 +59,7 @@ IDLE_S = 2.0  # an empty cache gives everything back after this long (give_back_
 def give_back(region: np.ndarray) -> None:
     """Return the whole pages inside `region` (a contiguous part of a lazy_zeros array) to the kernel:
     RSS falls, and they read as zeros again (what they held was past any running row's length)."""
-    if _madvise is None or region.size == 0:
+    if _madvise is None or region.size == 0 or not isinstance(region, np.ndarray):  # device memory: the pool's
         return
     start = region.ctypes.data
     first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE  # pages wholly inside: never a neighbour's data
@@ -77,14 +79,22 @@ class Row:
 
 
 class SlotCache:
-    def __init__(self, spec: ModelSpec, slots: int, max_source: int, max_target: int):
+    """`dtype`: the keys/values' element type (the in-place graph's: fp16 for the fp16 variant).
+    `device`: "cpu" (lazily mapped host memory) or "cuda" (CuPy arrays on the device, written by the same
+    slicing; models/core/device_arrays.py). The bookkeeping (lengths, masks, inputs) stays on the host."""
+
+    def __init__(self, spec: ModelSpec, slots: int, max_source: int, max_target: int, dtype=np.float32,
+                 device: str = "cpu"):
         L, H, Dh = spec.n_dec_layers, spec.n_heads, spec.head_dim
         self.capacity = slots
         self.max_source, self.max_target = max_source, max_target
-        self.k = lazy_zeros((L, slots, H, max_target, Dh))  # (L, N, H, T, Dh)
-        self.v = lazy_zeros(self.k.shape)
-        self.cross_k = lazy_zeros((L, slots, H, max_source, Dh))  # (L, N, H, S, Dh)
-        self.cross_v = lazy_zeros(self.cross_k.shape)
+        self.device = device
+        zeros = functools.partial(lazy_zeros, dtype=dtype) if device == "cpu" else \
+            functools.partial(device_zeros, dtype=dtype)
+        self.k = zeros((L, slots, H, max_target, Dh))  # (L, N, H, T, Dh)
+        self.v = zeros(self.k.shape)
+        self.cross_k = zeros((L, slots, H, max_source, Dh))  # (L, N, H, S, Dh)
+        self.cross_v = zeros(self.cross_k.shape)
         self.src_mask = np.zeros((slots, max_source), dtype=bool)
         self.src_len = np.zeros(slots, dtype=np.int64)
         self.length = np.zeros(slots, dtype=np.int64)
@@ -98,7 +108,7 @@ class SlotCache:
         self.inputs = np.zeros((slots, max_target), dtype=np.int64)  # (N, T)
         self.rows: list[Row] = []  # rows[i].slot == i
         # Flat step-input buffers (see the module docstring); views of their heads are the step's inputs.
-        self._step = {name: lazy_zeros((a.size,)) for name, a in
+        self._step = {name: lazy_zeros((a.size,), dtype) for name, a in
                       (("past_k", self.k), ("past_v", self.v), ("cross_k", self.cross_k), ("cross_v", self.cross_v))}
         self._cross_key: tuple = ()  # (rows, source length, changes) the gathered cross inputs hold
         self._changes = 0  # bumped whenever a slot's cross keys/values are written
@@ -124,6 +134,7 @@ class SlotCache:
         s = int(src_mask.sum())  # right-padded: the real positions come first
         if s > self.max_source:
             raise RuntimeError(f"source of {s} tokens exceeds the cache's {self.max_source}")
+        cross_k, cross_v = same_device(self.k, cross_k), same_device(self.k, cross_v)
         out = []
         for _ in range(copies):
             slot = len(self.rows)
@@ -208,8 +219,9 @@ class SlotCache:
         slots = np.array([r.slot for r in rows])
         src = slots[np.asarray(parents)]
         n = int(self.length[slots].max())
-        self.k[:, slots, :, :n] = self.k[:, src, :, :n]  # fancy indexing reads before writing
-        self.v[:, slots, :, :n] = self.v[:, src, :, :n]
+        at, take = same_device(self.k, slots), same_device(self.k, src)
+        self.k[:, at, :, :n] = self.k[:, take, :, :n]  # fancy indexing reads before writing
+        self.v[:, at, :, :n] = self.v[:, take, :, :n]
         self.inputs[slots, :n] = self.inputs[src, :n]
 
     # -- one decode step ------------------------------------------------------

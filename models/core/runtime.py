@@ -23,6 +23,7 @@ import onnxruntime as ort
 from onnxruntime.capi import _pybind_state as ort_c
 
 from models.core.bundle import Bundle
+from models.core.device_arrays import device_arrays_available
 from models.core.heap import release_free_heap
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,8 @@ class RuntimeOptions:
     # grew RSS by ~120 MB more, no faster (docs/memory.md). Off for every provider.
     mem_pattern: bool = False
     # decoder graph: "auto" = decoder_inplace.onnx where the bundle has it and the provider runs it
-    # (CPU; ONNX Runtime's CUDA GroupQueryAttention has fp16/bf16 kernels only), else decoder_step.onnx.
+    # (CPU; CUDA in fp16 only, ONNX Runtime's CUDA GroupQueryAttention having fp16/bf16 kernels only, and
+    # with CuPy for the device cache), else decoder_step.onnx.
     decoder: str = "auto"  # auto | inplace | copy
 
 
@@ -187,7 +189,21 @@ class OnnxModel:
             return True
         if self.opts.decoder != "auto":
             raise ValueError(f"unknown decoder {self.opts.decoder!r} (auto, inplace or copy)")
-        return has and not self.on_device
+        return has and (not self.on_device or (self.opts.variant == "fp16" and device_arrays_available()))
+
+    @property
+    def cache_dtype(self) -> type:
+        """The slot cache's element type: what decoder_inplace reads and writes in place (fp16 for the
+        fp16 variant's graph); float32 for the copying step, whose inputs stay fp32 (keep_io_types)."""
+        if self.inplace is None:
+            return np.float32
+        past = next(i for i in self.inplace.get_inputs() if i.name.startswith("past_key"))
+        return np.float16 if past.type == "tensor(float16)" else np.float32
+
+    @property
+    def cache_device(self) -> str:
+        """Where the slot cache lives: on the device when the in-place step runs there."""
+        return "cuda" if self.on_device and self.inplace is not None else "cpu"
 
     def _session(self, graph: str) -> ort.InferenceSession:
         path = str(self.bundle.graph_path(self.opts.variant, graph))

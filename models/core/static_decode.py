@@ -12,6 +12,7 @@ import numpy as np
 
 from models.core.beam import BeamState, Hypothesis, log_softmax
 from models.core.config import max_output_len
+from models.core.device_arrays import as_device_array
 from models.core.inplace_step import InPlaceStep
 from models.core.kv_cache import SlotCache
 from models.core.runtime import OnnxModel
@@ -67,7 +68,7 @@ def greedy(model: OnnxModel, src_ids: np.ndarray, src_mask: np.ndarray, max_len:
     b, src_len = src_ids.shape
     max_len = max_len or max_output_len(src_len, s.max_positions - 1)
     _, cross_k, cross_v = model.encode(src_ids, src_mask)
-    if model.inplace is not None and not model.on_device:
+    if model.inplace is not None:
         next_logits = _inplace_steps(model, cross_k, cross_v, src_mask, max_len)
     else:
         next_logits = _copy_steps(model, cross_k, cross_v, src_mask, max_len)
@@ -106,7 +107,8 @@ def _inplace_steps(model: OnnxModel, cross_k: np.ndarray, cross_v: np.ndarray, s
     """Steps through decoder_inplace.onnx over a slot cache, as the server runs them: the step's
     cost does not grow with the capacity or the past (the copying step attends over max_len)."""
     b, src_len = src_mask.shape
-    cache = SlotCache(model.spec, b, src_len, max_len)
+    cross_k, cross_v = as_device_array(cross_k), as_device_array(cross_v)  # device outputs stay there
+    cache = SlotCache(model.spec, b, src_len, max_len, model.cache_dtype, model.cache_device)
     rows = [cache.allocate(cross_k[:, i], cross_v[:, i], src_mask[i], 1, model.spec.bos_id)[0] for i in range(b)]
     runner = InPlaceStep(model.inplace, cache, model.spec.out_vocab_size)
 

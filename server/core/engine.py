@@ -13,6 +13,7 @@ from typing import Optional
 import numpy as np
 import onnxruntime as ort
 
+from models.core.device_arrays import as_device_array
 from models.core.heap import release_free_heap
 from models.core.inplace_step import InPlaceStep
 from models.core.kv_cache import IDLE_S, Row, SlotCache
@@ -23,9 +24,12 @@ from server.metrics import Metrics
 from server.core.request import EmbedJob, Job
 
 
-def _host(x) -> np.ndarray:
-    # On CUDA the encoder leaves cross K/V on the device; the slot cache is host memory.
-    return x.numpy() if isinstance(x, ort.OrtValue) else x
+def _for_cache(x, cache: SlotCache):
+    """On CUDA the encoder leaves cross K/V on the device: a device cache takes them where they are (no
+    copy), a host cache (the copying step) from the host."""
+    if not isinstance(x, ort.OrtValue):
+        return x
+    return as_device_array(x) if cache.device == "cuda" else x.numpy()
 
 
 # The most sources one encoder pass takes. ONNX Runtime's CPU arena keeps the largest pass's
@@ -104,7 +108,7 @@ class Engine:
         self._encoded_at = time.monotonic()
         self.m.encode_batch.observe(len(seqs))
         self.m.padding.observe(1.0 - mask.sum() / mask.size)
-        return memory, _host(cross_k), _host(cross_v), mask
+        return memory, _for_cache(cross_k, self.cache), _for_cache(cross_v, self.cache), mask
 
     def encode(self, jobs: list[Job]) -> list[list[Row]]:
         """Encode jobs (padding-masked, in groups of similar length) and give each its decode rows,

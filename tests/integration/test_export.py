@@ -58,7 +58,8 @@ def test_bundle_layout_and_config(repo):
     assert [i["name"] for i in step_inputs] == inplace.io_names(model.cfg.n_dec_layers)[0]
     cache = next(i for i in step_inputs if i["name"] == "past_key_0")
     assert cache["shape"][0] == "batch" and cache["shape"][2] == "capacity"
-    assert "decoder_inplace" not in config["variants"]["fp16"]  # CUDA runs the copying graph (fp32 GQA: no kernel)
+    # fp16 in place throughout (GQA's CUDA kernels are fp16): the cache it binds is fp16 too
+    assert config["variants"]["fp16"]["decoder_inplace"] == "decoder_inplace.fp16.onnx"
 
 
 def test_each_variant_stores_its_tensors_once(repo):

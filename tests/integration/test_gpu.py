@@ -2,15 +2,11 @@
 import numpy as np
 import onnxruntime as ort
 import pytest
-import torch
 
-from export.__main__ import main as export_main
 from export.parity import near_ties
 from models.core import static_decode
-from models.core.bundle import load_bundle
 from models.core.runtime import OnnxModel, RuntimeOptions
-from models.core.tokenizer import train_tokenizer
-from tests.tiny_models import reverser, varied
+from tests.tiny_models import reverser, reverser_bundle, varied
 
 pytestmark = pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(),
                                 reason="needs onnxruntime-gpu and a CUDA device")
@@ -18,15 +14,7 @@ pytestmark = pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory):
-    root = tmp_path_factory.mktemp("gpu")
-    tok = train_tokenizer(["a b c d e f g h i j k l m n o p"] * 5, vocab_size=40, min_frequency=1)
-    ckpt = root / "tiny-gpu"
-    ckpt.mkdir()
-    tok.save(ckpt / "tokenizer.json")
-    model = reverser(tok.vocab_size)  # trained: a random model decodes one repeated token
-    torch.save({"config": model.cfg.to_dict(), "model": model.state_dict(), "meta": {}}, ckpt / "model.pt")
-    assert export_main(["--checkpoint", str(ckpt / "model.pt"), "--out", str(root / "repo"), "--fp16"]) == 0
-    return load_bundle(root / "repo" / "tiny-gpu" / "1")
+    return reverser_bundle(tmp_path_factory.mktemp("gpu"), "tiny-gpu")
 
 
 def sources(vocab):
@@ -57,3 +45,18 @@ def test_cuda_fp16_tracks_fp32(bundle):
     model = reverser(bundle.spec.vocab_size)
     srcs = [[int(t) for t, m in zip(row, keep) if m] for row, keep in zip(ids, mask)]
     assert varied(a) and all(d.gap < 0.05 for d in near_ties(model, srcs, a, b)), near_ties(model, srcs, a, b)
+
+
+def test_cuda_fp16_decodes_in_place_over_a_device_cache(bundle):
+    """The device path: decoder_inplace.fp16.onnx bound to an fp16 slot cache in device memory (CuPy),
+    nothing but token ids in and logits out per step; rows stay apart in the batch."""
+    from models.core.device_arrays import device_arrays_available
+    if not device_arrays_available():
+        pytest.skip("CuPy is not installed: the fp16 step on CUDA copies a host cache instead")
+    half = OnnxModel(bundle, RuntimeOptions(provider="cuda", variant="fp16"))
+    assert half.inplace is not None and half.cache_device == "cuda" and half.cache_dtype is np.float16
+    ids, mask = sources(bundle.spec.vocab_size)
+    batched = static_decode.greedy(half, ids, mask)
+    alone = [static_decode.greedy(half, ids[i:i + 1, :mask[i].sum()], mask[i:i + 1, :mask[i].sum()])[0]
+             for i in range(len(ids))]
+    assert varied(batched) and batched == alone

@@ -347,7 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--provider", default="auto", choices=["auto", "cpu", "cuda"], help="server execution provider")
     p.add_argument("--variant", default="fp32", help="bundle variant the server runs (fp32, int8, fp16)")
     p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = default)")
-    p.add_argument("--decoder", default="auto", choices=["auto", "inplace", "copy"],
+    p.add_argument("--decoder", default="auto", choices=["auto", "inplace", "standard", "copy"],
                    help="server decoder graph (see python -m server --help)")
     p.add_argument("--stream-intervals", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4],
                    help="server --stream-interval values to compare; the first is the main table")

@@ -22,6 +22,7 @@ from typing import Sequence
 import onnx
 
 from export import inplace
+from export.inplace_standard import export_standard
 from export import onnx as graphs
 from export.parity import graph_parity, inplace_parity
 from export.quantize import WEIGHT_BITS
@@ -190,6 +191,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             if key in paths:
                 saved = graphs.share_tied_embedding(paths[key])
                 print(f"tied embedding shared in {paths[key].name}: {saved / 2**20:.1f} MiB saved", file=sys.stderr)
+        if with_inplace:  # the same step in standard ops, for providers without GQA's fp32 kernels (CUDA)
+            paths["inplace_std"], std_problems = export_standard(
+                paths["inplace"], stage / "decoder_inplace.std.onnx", model.cfg.n_heads, model.cfg.head_dim)
+            problems += std_problems
+            if not std_problems:
+                variants["fp32"]["decoder_inplace_std"] = "decoder_inplace.std.onnx"
         for variant, files in variants.items():
             weights = "weights.bin" if variant == "fp32" else f"weights.{variant}.bin"
             before, after = share_weights([stage / f for f in files.values()], stage / weights)
@@ -205,6 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       "decoder_step": _io_signature(onnx.load(str(paths["decoder"])))}
         if with_inplace:
             signatures["decoder_inplace"] = _io_signature(onnx.load(str(paths["inplace"])))
+        if "decoder_inplace_std" in variants["fp32"]:
+            signatures["decoder_inplace_std"] = _io_signature(onnx.load(str(paths["inplace_std"])))
         config = build_config(args, model.cfg, meta, variants, signatures, imported)
         (stage / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         card = ckpt.parent / "MODEL_CARD.md"
@@ -233,6 +242,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         problems += _parity_problems("fp32 parity", graph_parity(model, fp32))
         if with_inplace:
             problems += _parity_problems("fp32 in-place parity", inplace_parity(model, fp32.inplace))
+        if "decoder_inplace_std" in variants["fp32"]:
+            std = OnnxModel(bundle, RuntimeOptions(variant="fp32", provider="cpu", decoder="standard"))
+            problems += _parity_problems("fp32 standard-op in-place parity", inplace_parity(model, std.inplace))
         if args.int8:
             int8 = OnnxModel(bundle, RuntimeOptions(variant="int8", provider="cpu"))
             worst8 = max((d for d in graph_parity(model, int8) if d.output == "logits"), key=lambda d: d.max_abs_diff)

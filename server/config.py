@@ -92,7 +92,9 @@ HELP = {
     "variant": "bundle graphs to run: fp32, int8 or fp16 (fp16 is for --provider cuda)",
     "provider": "ONNX Runtime execution provider: auto (CUDA when available), cpu or cuda",
     "decoder": "decoder graph: auto (the in-place slot-cache step where the bundle has it and the provider "
-               "runs it: CPU), inplace, or copy (decoder_step.onnx over gathered copies of the cache)",
+               "runs it: GroupQueryAttention on the CPU and for fp16 on CUDA, the standard-op graph for fp32 on "
+               "CUDA, with the cache on the device), inplace (GQA), standard (opset-24 TensorScatter and "
+               "Attention), or copy (decoder_step.onnx over gathered copies of the cache)",
     "intra_op_threads": "ONNX Runtime intra-op threads shared by every session; 0 = one per physical core, "
                         "less one per frontend process with --engine-core process (at least 1)",
     "inter_op_threads": "ONNX Runtime inter-op threads (graphs run sequentially; 1 is right)",
@@ -377,8 +379,8 @@ class ServerConfig:
             out.append(f"--keepalive-timeout-ms must be >= 1 (got {self.keepalive_timeout_ms})")
         if self.variant not in ("fp32", "int8", "fp16"):
             out.append(f"--variant must be fp32, int8 or fp16 (got {self.variant!r})")
-        if self.decoder not in ("auto", "inplace", "copy"):
-            out.append(f"--decoder must be auto, inplace or copy (got {self.decoder!r})")
+        if self.decoder not in ("auto", "inplace", "standard", "copy"):
+            out.append(f"--decoder must be auto, inplace, standard or copy (got {self.decoder!r})")
         if self.provider not in ("auto", "cpu", "cuda"):
             out.append(f"--provider must be auto, cpu or cuda (got {self.provider!r})")
         if self.log_format not in ("auto", "json", "text") or self.log_level.lower() not in _LOG_LEVELS:

@@ -30,7 +30,7 @@ from models.core.config import Dimensions
 BUNDLE_FORMAT = "nmt-bundle/2"
 READABLE_FORMATS = ("nmt-bundle/1", BUNDLE_FORMAT)
 REQUIRED = ("encoder", "decoder_step")  # graphs every variant has
-GRAPHS = REQUIRED + ("decoder_inplace",)
+GRAPHS = REQUIRED + ("decoder_inplace", "decoder_inplace_std")  # _std: standard ops (export/inplace_standard.py)
 FILES = GRAPHS + ("weights",)  # weights: the variant's external data, shared by its graphs (optional)
 
 

@@ -47,6 +47,8 @@ class InPlaceStep:
         # reads float32.
         self.logits = lazy_zeros((n, 1, vocab_size), np.dtype(cache.k.dtype))
         self.layers = cache.k.shape[0]
+        # decoder_inplace.std.onnx only reads the cross buffers: it has no present_cross_* to bind
+        self.outputs = {o.name for o in session.get_outputs()}
         self._bindings: dict[int, ort.IOBinding] = {}  # running rows -> their binding
 
     def _bind_rows(self, b: int) -> ort.IOBinding:
@@ -62,7 +64,8 @@ class InPlaceStep:
                                       ("cross_value", "present_cross_value", c.cross_v)):
                 view = buffer[layer, :b]  # (B, H, capacity, Dh): contiguous, at the slot buffer's own address
                 _bind(binding, f"{name}_{layer}", view)
-                _bind(binding, f"{out}_{layer}", view, output=True)
+                if f"{out}_{layer}" in self.outputs:
+                    _bind(binding, f"{out}_{layer}", view, output=True)
         _bind(binding, "logits", self.logits[:b], output=True)
         return binding
 

@@ -44,10 +44,9 @@ class RuntimeOptions:
     # step's shape changes every step (past length, rows). With them, replaying 200 steps of 64 rows
     # grew RSS by ~120 MB more, no faster (docs/memory.md). Off for every provider.
     mem_pattern: bool = False
-    # decoder graph: "auto" = decoder_inplace.onnx where the bundle has it and the provider runs it
-    # (CPU; CUDA in fp16 only, ONNX Runtime's CUDA GroupQueryAttention having fp16/bf16 kernels only, and
-    # with CuPy for the device cache), else decoder_step.onnx.
-    decoder: str = "auto"  # auto | inplace | copy
+    # decoder graph: "auto" = an in-place graph where the bundle has one the provider runs (OnnxModel.
+    # _inplace_graph), else decoder_step.onnx; "inplace" / "standard" / "copy" force one.
+    decoder: str = "auto"  # auto | inplace | standard | copy
 
 
 def resolve_providers(provider: str) -> list[str]:
@@ -150,7 +149,8 @@ class OnnxModel:
             if problem:
                 log.warning(problem)
         self.encoder = self._session("encoder")
-        self.inplace = self._session("decoder_inplace") if self._wants_inplace() else None
+        graph = self._inplace_graph()
+        self.inplace = self._session(graph) if graph else None
         # decoder_step.onnx is loaded when first used (the copying engine path, the static decoders):
         # a server stepping in place never holds a second copy of the decoder's weights.
         self._decoder: Optional[ort.InferenceSession] = None if self.inplace is not None else self._session(
@@ -178,18 +178,29 @@ class OnnxModel:
             self._decoder = self._session("decoder_step")
         return self._decoder
 
-    def _wants_inplace(self) -> bool:
-        has = "decoder_inplace" in self.bundle.variants.get(self.opts.variant, {})
+    def _inplace_graph(self) -> Optional[str]:
+        """Which in-place graph to run, or None for the copying step.
+
+        decoder_inplace (GroupQueryAttention) on the CPU, and on CUDA in fp16 (its CUDA kernels are fp16
+        only); decoder_inplace_std (standard opset-24 ops) where GQA has no kernel: CUDA in fp32. On CUDA the
+        cache lives on the device, which needs CuPy; without it, the copying step."""
+        graphs = self.bundle.variants.get(self.opts.variant, {})
+        asked = {"inplace": "decoder_inplace", "standard": "decoder_inplace_std"}.get(self.opts.decoder)
         if self.opts.decoder == "copy":
-            return False
-        if self.opts.decoder == "inplace":
-            if not has:
-                raise RuntimeError(f"{self.bundle.name}: variant {self.opts.variant} has no decoder_inplace graph "
+            return None
+        if asked is not None:
+            if asked not in graphs:
+                raise RuntimeError(f"{self.bundle.name}: variant {self.opts.variant} has no {asked} graph "
                                    "(re-export the bundle, or use the copy decoder)")
-            return True
+            return asked
         if self.opts.decoder != "auto":
-            raise ValueError(f"unknown decoder {self.opts.decoder!r} (auto, inplace or copy)")
-        return has and (not self.on_device or (self.opts.variant == "fp16" and device_arrays_available()))
+            raise ValueError(f"unknown decoder {self.opts.decoder!r} (auto, inplace, standard or copy)")
+        if not self.on_device:
+            return "decoder_inplace" if "decoder_inplace" in graphs else None
+        if not device_arrays_available():
+            return None
+        wanted = "decoder_inplace" if self.opts.variant == "fp16" else "decoder_inplace_std"
+        return wanted if wanted in graphs else None
 
     @property
     def cache_dtype(self) -> type:

@@ -58,6 +58,9 @@ def test_bundle_layout_and_config(repo):
     assert [i["name"] for i in step_inputs] == inplace.io_names(model.cfg.n_dec_layers)[0]
     cache = next(i for i in step_inputs if i["name"] == "past_key_0")
     assert cache["shape"][0] == "batch" and cache["shape"][2] == "capacity"
+    # the same step in standard opset-24 ops (TensorScatter + Attention), for CUDA in fp32
+    assert config["variants"]["fp32"]["decoder_inplace_std"] == "decoder_inplace.std.onnx"
+    assert "decoder_inplace_std" in config["signatures"]
     # fp16 in place throughout (GQA's CUDA kernels are fp16): the cache it binds is fp16 too
     assert config["variants"]["fp16"]["decoder_inplace"] == "decoder_inplace.fp16.onnx"
 

@@ -60,3 +60,16 @@ def test_cuda_fp16_decodes_in_place_over_a_device_cache(bundle):
     alone = [static_decode.greedy(half, ids[i:i + 1, :mask[i].sum()], mask[i:i + 1, :mask[i].sum()])[0]
              for i in range(len(ids))]
     assert varied(batched) and batched == alone
+
+
+def test_cuda_fp32_decodes_in_place_with_standard_ops_over_a_device_cache(bundle):
+    """fp32 on the device: GQA has no fp32 CUDA kernel, so the standard-op graph (TensorScatter +
+    Attention) over an fp32 cache in device memory, with the CPU's tokens."""
+    from models.core.device_arrays import device_arrays_available
+    if not device_arrays_available():
+        pytest.skip("CuPy is not installed: fp32 on CUDA copies a host cache instead")
+    gpu = OnnxModel(bundle, RuntimeOptions(provider="cuda"))
+    assert gpu.cache_device == "cuda" and gpu.inplace._model_path.endswith("decoder_inplace.std.onnx")
+    ids, mask = sources(bundle.spec.vocab_size)
+    want = static_decode.greedy(OnnxModel(bundle, RuntimeOptions(provider="cpu")), ids, mask)
+    assert varied(want) and static_decode.greedy(gpu, ids, mask) == want

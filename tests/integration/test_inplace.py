@@ -38,8 +38,14 @@ def engine(bundle, decoder: str) -> Engine:
 
 def test_auto_picks_the_inplace_graph_on_cpu(bundle):
     assert "decoder_inplace" in bundle.variants["fp32"], "the shipped bundle should carry decoder_inplace.onnx"
-    assert engine(bundle, "auto").inplace is not None
+    auto = engine(bundle, "auto").runtime
+    assert auto.inplace is not None and auto.inplace._model_path.endswith("decoder_inplace.onnx")
     assert engine(bundle, "copy").inplace is None
+    # The standard-op graph is there for CUDA in fp32 (GQA has no fp32 kernel there), not chosen on the CPU
+    std = engine(bundle, "standard").runtime
+    assert std.inplace._model_path.endswith("decoder_inplace.std.onnx")
+    outputs = {o.name for o in std.inplace.get_outputs()}
+    assert "present_key_0" in outputs and "present_cross_key_0" not in outputs  # cross buffers: read only
 
 
 def test_inplace_requested_without_the_graph_is_refused(bundle, tmp_path):
@@ -69,9 +75,10 @@ def _join(engines, rng, spec, copies: int):
     return rows
 
 
-def test_inplace_matches_copy_over_a_continuous_batch_life(bundle):
+@pytest.mark.parametrize("graph", ["inplace", "standard"])  # GQA's graph; opset-24 TensorScatter + Attention
+def test_inplace_matches_copy_over_a_continuous_batch_life(bundle, graph):
     spec = bundle.spec
-    inplace, copy = engine(bundle, "inplace"), engine(bundle, "copy")
+    inplace, copy = engine(bundle, graph), engine(bundle, "copy")
     assert inplace.inplace is not None and copy.inplace is None
     rng = np.random.default_rng(0)
     groups: list[tuple[list, list]] = []  # per source: (rows in the in-place engine, rows in the copy engine)

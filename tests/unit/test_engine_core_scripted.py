@@ -22,6 +22,8 @@ beams and streams, the in-place step, queue ordering, embedding padding) and che
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import ctypes
 import math
 import threading
@@ -165,6 +167,11 @@ class ScriptedInPlace:
 
     def io_binding(self) -> _Binding:
         return _Binding()
+
+    def get_outputs(self) -> list:  # the GQA graph's outputs (the standard-op graph lacks present_cross_*)
+        kinds = ("present_key", "present_value", "present_cross_key", "present_cross_value")
+        return [SimpleNamespace(name=n) for n in ["logits", *(f"{k}_{layer}" for layer in range(SPEC.n_dec_layers)
+                                                                for k in kinds)]]
 
     def run_with_iobinding(self, binding: _Binding) -> None:
         a = binding.arrays

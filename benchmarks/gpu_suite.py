@@ -16,6 +16,7 @@ git history), with the device's name, the versions and the command that made it:
   ops         benchmarks.studies.attention_ops (GQA fp16 vs opset-24 Attention over a shared buffer) and
               benchmarks.studies.choice_ops (greedy choice on the device vs the logits copied to the host)
   serve-fp32  benchmarks.serving_load on the device, in-process and through gRPC, 1-256 streams
+              (serve-fp32-copy: the same with the copying step, the device cache's baseline)
   serve-fp16  the same in fp16
   serve-cpu   the same server on the host's CPU cores: the same-run baseline for "10x the CPU"
   frontends   --engine-core process --frontends 1, 2, 4, 8 over 64 connections (issue 22's scaling)
@@ -48,7 +49,8 @@ from typing import Callable, Optional, Sequence
 from benchmarks.harness import date_line, machine, machine_line
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = ("device", "test", "static", "ops", "serve-fp32", "serve-fp16", "serve-cpu", "frontends", "marian")
+STEPS = ("device", "test", "static", "ops", "serve-fp32", "serve-fp32-copy", "serve-fp16", "serve-cpu", "frontends",
+         "marian")
 
 
 @dataclass
@@ -129,6 +131,10 @@ def plan(args, out: Path, facts: dict) -> list[Step]:
         Step("serve-fp32", [*load, "--provider", args.provider, "--variant", "fp32",
                             "--out", str(out / f"serving_{args.provider}_fp32.md")],
              [f"serving_{args.provider}_fp32.md"], 600, no_cuda),
+        # The same with the copying step (the cache in host memory): the device path's same-run baseline.
+        Step("serve-fp32-copy", [*load, "--provider", args.provider, "--variant", "fp32", "--decoder", "copy",
+                                 "--out", str(out / f"serving_{args.provider}_fp32_copy.md")],
+             [f"serving_{args.provider}_fp32_copy.md"], 600, no_cuda or ("" if cuda else "the CPU has no device path")),
         Step("serve-fp16", [*load, "--provider", "cuda", "--variant", "fp16", "--repository", str(fp16_repository),
                             "--out", str(out / "serving_cuda_fp16.md")],
              ["serving_cuda_fp16.md"], 600, no_cuda or ("" if cuda else "fp16 is for the CUDA provider"), with_fp16),

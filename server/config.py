@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import re
 import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -91,6 +92,9 @@ HELP = {
     "default_model": "model for requests that name none; empty = the first by name",
     "variant": "bundle graphs to run: fp32, int8 or fp16 (fp16 is for --provider cuda)",
     "provider": "ONNX Runtime execution provider: auto (CUDA when available), cpu or cuda",
+    "device": "CUDA devices for the engine replicas, one replica each: e.g. cuda:0 or cuda:0,cuda:1; empty = "
+              "every visible device with --engine-core process (CuPy counts them; one without it), device 0 "
+              "otherwise. Ignored on the CPU",
     "decoder": "decoder graph: auto (the in-place slot-cache step where the bundle has it and the provider "
                "runs it: GroupQueryAttention on the CPU and for fp16 on CUDA, the standard-op graph for fp32 on "
                "CUDA, with the cache on the device), inplace (GQA), standard (opset-24 TensorScatter and "
@@ -200,6 +204,7 @@ class ServerConfig:
     default_model: str = ""  # empty = the first model by name
     variant: str = "fp32"  # fp32 | int8 | fp16
     provider: str = "auto"  # auto | cpu | cuda
+    device: str = ""  # cuda:N[,cuda:M...]; "" = every visible device (see devices)
     decoder: str = "auto"  # auto | inplace | copy
     intra_op_threads: int = 0
     inter_op_threads: int = 1
@@ -290,6 +295,23 @@ class ServerConfig:
         return self.frontends if self.frontends > 0 else max(1, (os.cpu_count() or 1) // 4)
 
     @property
+    def on_cuda(self) -> bool:
+        return self.provider == "cuda" or (self.provider == "auto" and _cuda_available())
+
+    @property
+    def devices(self) -> list[int]:
+        """--device resolved: the CUDA device ids the engine replicas run on, one each."""
+        if self.device:
+            return [int(d.split(":", 1)[1]) for d in self.device.split(",")]
+        if self.engine_core != "process":
+            return [0]
+        try:
+            import cupy
+            return list(range(max(1, cupy.cuda.runtime.getDeviceCount())))
+        except Exception:  # noqa: BLE001 (no CuPy or no driver: the one device ONNX Runtime picks)
+            return [0]
+
+    @property
     def replicas(self) -> int:
         """--engine-replicas resolved: N as given, or 0 = one per physical core with the engine core in its
         own processes (independent single-thread engines: nothing waits on a thread pool's barrier between
@@ -298,8 +320,8 @@ class ServerConfig:
             return 1
         if self.engine_replicas > 0:
             return self.engine_replicas
-        if self.provider == "cuda" or (self.provider == "auto" and _cuda_available()):
-            return 1  # one engine per GPU (this server drives one device)
+        if self.on_cuda:
+            return len(self.devices)  # one engine per GPU
         # The first frontend shares the engines' cores (its work comes between theirs); extra ones take one each.
         return max(1, physical_cores() - (self.frontend_processes - 1))
 
@@ -381,6 +403,10 @@ class ServerConfig:
             out.append(f"--variant must be fp32, int8 or fp16 (got {self.variant!r})")
         if self.decoder not in ("auto", "inplace", "standard", "copy"):
             out.append(f"--decoder must be auto, inplace, standard or copy (got {self.decoder!r})")
+        if self.device and not all(re.fullmatch(r"cuda:\d+", d) for d in self.device.split(",")):
+            out.append(f"--device must be cuda:N or a comma-separated list of them (got {self.device!r})")
+        elif self.device and self.engine_core != "process" and "," in self.device:
+            out.append("--device with several devices needs --engine-core process (a replica per device)")
         if self.provider not in ("auto", "cpu", "cuda"):
             out.append(f"--provider must be auto, cpu or cuda (got {self.provider!r})")
         if self.log_format not in ("auto", "json", "text") or self.log_level.lower() not in _LOG_LEVELS:

@@ -60,6 +60,7 @@ class HostedModel:
         from server.core.scheduler import Scheduler
         keep_freed_memory()
         self.runtime = OnnxModel(bundle, RuntimeOptions(variant=cfg.variant, provider=cfg.provider, decoder=cfg.decoder,
+                                                        device_id=cfg.devices[0] if cfg.on_cuda else 0,
                                                         intra_op_threads=cfg.engine_threads,
                                                         inter_op_threads=cfg.inter_op_threads,
                                                         shared_pool=cfg.spinning,

@@ -30,19 +30,21 @@ def device_arrays_available() -> bool:
         return False
 
 
-def device_zeros(shape: tuple[int, ...], dtype) -> Any:
-    """Zeros on the CUDA device (a cupy.ndarray)."""
+def device_zeros(shape: tuple[int, ...], dtype, device_id: int = 0) -> Any:
+    """Zeros on CUDA device `device_id` (a cupy.ndarray)."""
     import cupy
-    return cupy.zeros(shape, dtype=dtype)
+    with cupy.cuda.Device(device_id):
+        return cupy.zeros(shape, dtype=dtype)
+
+
+def device_of(array: Any) -> tuple[str, int]:
+    """ONNX Runtime's name and id of the device holding the array."""
+    return ("cpu", 0) if isinstance(array, np.ndarray) else ("cuda", array.device.id)
 
 
 def address(array: Any) -> int:
     """Where the array's first element is, for IO binding by pointer (host or device memory)."""
     return array.ctypes.data if isinstance(array, np.ndarray) else array.data.ptr
-
-
-def on_device(array: Any) -> bool:
-    return not isinstance(array, np.ndarray)
 
 
 def same_device(like: Any, array: Any) -> Any:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 
-from models.core.device_arrays import address, on_device
+from models.core.device_arrays import address, device_of
 from models.core.kv_cache import SlotCache, lazy_zeros
 
 
@@ -31,8 +31,8 @@ def _bind(binding: ort.IOBinding, name: str, array, output: bool = False) -> Non
     writes that memory itself."""
     assert array.flags.c_contiguous, name
     bind = binding.bind_output if output else binding.bind_input
-    device = "cuda" if on_device(array) else "cpu"
-    bind(name, device, 0, np.dtype(array.dtype), list(array.shape), address(array))
+    device, device_id = device_of(array)
+    bind(name, device, device_id, np.dtype(array.dtype), list(array.shape), address(array))
 
 
 class InPlaceStep:

@@ -80,7 +80,7 @@ class Row:
 
 class SlotCache:
     """`dtype`: the keys/values' element type (the in-place graph's: fp16 for the fp16 variant).
-    `device`: "cpu" (lazily mapped host memory) or "cuda" (CuPy arrays on the device, written by the same
+    `device`: "cpu" (lazily mapped host memory) or "cuda:N" (CuPy arrays on device N, written by the same
     slicing; models/core/device_arrays.py). The bookkeeping (lengths, masks, inputs) stays on the host."""
 
     def __init__(self, spec: ModelSpec, slots: int, max_source: int, max_target: int, dtype=np.float32,
@@ -90,7 +90,7 @@ class SlotCache:
         self.max_source, self.max_target = max_source, max_target
         self.device = device
         zeros = functools.partial(lazy_zeros, dtype=dtype) if device == "cpu" else \
-            functools.partial(device_zeros, dtype=dtype)
+            functools.partial(device_zeros, dtype=dtype, device_id=int(device.partition(":")[2] or 0))
         self.k = zeros((L, slots, H, max_target, Dh))  # (L, N, H, T, Dh)
         self.v = zeros(self.k.shape)
         self.cross_k = zeros((L, slots, H, max_source, Dh))  # (L, N, H, S, Dh)

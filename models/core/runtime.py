@@ -47,6 +47,7 @@ class RuntimeOptions:
     # decoder graph: "auto" = an in-place graph where the bundle has one the provider runs (OnnxModel.
     # _inplace_graph), else decoder_step.onnx; "inplace" / "standard" / "copy" force one.
     decoder: str = "auto"  # auto | inplace | standard | copy
+    device_id: int = 0  # the CUDA device (an engine replica per device: server --device)
 
 
 def resolve_providers(provider: str) -> list[str]:
@@ -63,6 +64,11 @@ def resolve_providers(provider: str) -> list[str]:
             return ["CUDAExecutionProvider", "CPUExecutionProvider"]
         return ["CPUExecutionProvider"]
     raise ValueError(f"unknown provider {provider!r} (auto, cpu or cuda)")
+
+
+def with_device(providers: list[str], device_id: int) -> list:
+    """ONNX Runtime's providers argument: the CUDA provider with its device (an engine replica per GPU)."""
+    return [(p, {"device_id": str(device_id)}) if p == "CUDAExecutionProvider" else p for p in providers]
 
 
 # Size of the process-wide pool once created; "per-session" when ONNX Runtime had already
@@ -144,6 +150,7 @@ class OnnxModel:
         self.spec = bundle.spec
         self.opts = opts or RuntimeOptions()
         self.providers = resolve_providers(self.opts.provider)
+        self._ort_providers = with_device(self.providers, self.opts.device_id)
         if self.opts.variant == "int8" and self.providers[0] == "CPUExecutionProvider":
             problem = int8_problem(bundle, cpu_has_vnni())
             if problem:
@@ -214,19 +221,20 @@ class OnnxModel:
     @property
     def cache_device(self) -> str:
         """Where the slot cache lives: on the device when the in-place step runs there."""
-        return "cuda" if self.on_device and self.inplace is not None else "cpu"
+        return f"cuda:{self.opts.device_id}" if self.on_device and self.inplace is not None else "cpu"
 
     def _session(self, graph: str) -> ort.InferenceSession:
         path = str(self.bundle.graph_path(self.opts.variant, graph))
         if self.opts.shared_pool and use_shared_pool(self.opts.intra_op_threads):
             try:
-                return ort.InferenceSession(path, session_options(self.opts, shared=True), providers=self.providers)
+                return ort.InferenceSession(path, session_options(self.opts, shared=True),
+                                            providers=self._ort_providers)
             except Exception as e:  # noqa: BLE001 (ONNX Runtime started earlier without the shared pool)
                 if "GlobalThreadPools" not in str(e):
                     raise
                 log.warning("ONNX Runtime was started without a shared thread pool; using per-session pools")
                 _shared_pool["threads"] = "per-session"
-        return ort.InferenceSession(path, session_options(self.opts), providers=self.providers)
+        return ort.InferenceSession(path, session_options(self.opts), providers=self._ort_providers)
 
     @property
     def on_device(self) -> bool:
@@ -253,8 +261,8 @@ class OnnxModel:
         binding.bind_cpu_input("src_ids", src_ids)
         binding.bind_cpu_input("src_mask", src_mask)
         binding.bind_output("memory")  # small, wanted on the host (Embed)
-        binding.bind_output("cross_k", "cuda")
-        binding.bind_output("cross_v", "cuda")
+        binding.bind_output("cross_k", "cuda", self.opts.device_id)
+        binding.bind_output("cross_v", "cuda", self.opts.device_id)
         self.encoder.run_with_iobinding(binding)
         memory, cross_k, cross_v = binding.get_outputs()
         return memory.numpy(), cross_k, cross_v

@@ -29,7 +29,7 @@ def _for_cache(x, cache: SlotCache):
     copy), a host cache (the copying step) from the host."""
     if not isinstance(x, ort.OrtValue):
         return x
-    return as_device_array(x) if cache.device == "cuda" else x.numpy()
+    return as_device_array(x) if cache.device != "cpu" else x.numpy()
 
 
 # The most sources one encoder pass takes. ONNX Runtime's CPU arena keeps the largest pass's

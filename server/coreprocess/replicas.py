@@ -30,6 +30,7 @@ replica's series carry a `replica` label (sum over it for the server's total).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import itertools
 import logging
@@ -61,8 +62,11 @@ class Replicas:
         `pieces`: each model's vocabulary pieces, handed to the cores (CoreSupervisor)."""
         self.on_down, self.on_up, self.pieces = on_down, on_up, pieces
         addresses = attach.split(",") if attach else [""] * cfg.replicas
-        self.members = [CoreSupervisor(cfg, metrics, functools.partial(self._down, i), self._up, attach=a,
-                                       pieces=pieces) for i, a in enumerate(addresses)]
+        # On CUDA each replica drives one device of --device (ServerConfig.devices): its own config says which.
+        configs = [dataclasses.replace(cfg, device=f"cuda:{d}") for d in cfg.devices] if cfg.on_cuda and not attach \
+            else [cfg] * len(addresses)
+        self.members = [CoreSupervisor(c, metrics, functools.partial(self._down, i), self._up, attach=a,
+                                       pieces=pieces) for i, (a, c) in enumerate(zip(addresses, configs))]
         self._turn = itertools.count()
         # Fill one replica's batch before opening the next: a step's fixed cost (Python, the hop to the
         # frontend) is spread over its rows, so two half-full replicas cost more per token than one full one

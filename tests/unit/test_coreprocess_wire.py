@@ -165,3 +165,43 @@ def test_a_containers_cpu_quota_bounds_the_default_replicas(tmp_path, monkeypatc
     assert config.physical_cores() == (min(cpus, unlimited) if cpus else unlimited)
     if cpus:  # and the default replica count follows it (one per core, the frontend sharing them)
         assert config.ServerConfig(engine_core="process", frontends=1).replicas == min(cpus, unlimited)
+
+
+@pytest.mark.parametrize("device,core,expected", [
+    ("cuda:0,cuda:1", "process", [0, 1]),   # a replica per listed device
+    ("cuda:3", "process", [3]),
+    ("cuda:1", "thread", [1]),              # the in-process engine on the device named
+    ("", "thread", [0]),
+])
+def test_on_cuda_each_engine_replica_drives_one_device(device, core, expected):
+    """--device cuda:N[,cuda:M]: one engine replica per GPU, each replica's own config naming its device
+    (the core process reads it into RuntimeOptions.device_id)."""
+    from server.config import ServerConfig
+    from server.coreprocess.replicas import Replicas
+    from server.metrics import Metrics
+    cfg = ServerConfig(provider="cuda", device=device, engine_core=core)
+    assert cfg.devices == expected and not cfg.problems()
+    if core == "process":
+        assert cfg.replicas == len(expected)
+
+        async def nothing() -> None:
+            return None
+        members = Replicas(cfg, Metrics(), nothing, nothing).members
+        assert [m.cfg.device for m in members] == [f"cuda:{d}" for d in expected]
+
+
+@pytest.mark.parametrize("device", ["gpu0", "cuda:", "cuda:a", "cuda:0;cuda:1"])
+def test_a_malformed_device_list_is_refused(device):
+    from server.config import ServerConfig
+    assert any("--device must be" in p for p in ServerConfig(provider="cuda", device=device).problems())
+    assert any("needs --engine-core process" in p
+               for p in ServerConfig(provider="cuda", device="cuda:0,cuda:1", engine_core="thread").problems())
+
+
+def test_the_cuda_provider_is_given_its_device():
+    """RuntimeOptions.device_id reaches ONNX Runtime as the CUDA provider's device_id option (the device
+    itself: tests/integration/test_gpu.py)."""
+    from models.core.runtime import with_device
+    assert with_device(["CUDAExecutionProvider", "CPUExecutionProvider"], 2) == [
+        ("CUDAExecutionProvider", {"device_id": "2"}), "CPUExecutionProvider"]
+    assert with_device(["CPUExecutionProvider"], 2) == ["CPUExecutionProvider"]

@@ -47,6 +47,27 @@ def address(array: Any) -> int:
     return array.ctypes.data if isinstance(array, np.ndarray) else array.data.ptr
 
 
+def array_module(array: Any):
+    """numpy for host arrays, cupy for device ones: code written against it runs where the array is."""
+    if isinstance(array, np.ndarray):
+        return np
+    import cupy
+    return cupy
+
+
+def settle(array: Any) -> None:
+    """Wait until the device work on the array's device is done: CuPy writes the cache on its own stream and
+    ONNX Runtime reads it on another, so a step must not start before the writes end (nothing on the host)."""
+    if not isinstance(array, np.ndarray):
+        import cupy
+        with cupy.cuda.Device(array.device.id):
+            cupy.cuda.runtime.deviceSynchronize()
+
+
+def to_host(array: Any) -> np.ndarray:
+    return array if isinstance(array, np.ndarray) else array.get()
+
+
 def same_device(like: Any, array: Any) -> Any:
     """`array` where `like` is: a host array copied to the device for a device cache (a new row's cross
     keys/values from an encoder that ran on the host, beam indices), anything else as it is."""

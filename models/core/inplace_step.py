@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 
-from models.core.device_arrays import address, device_of
+from models.core.device_arrays import address, device_of, device_zeros, settle
 from models.core.kv_cache import SlotCache, lazy_zeros
 
 
@@ -43,9 +43,11 @@ class InPlaceStep:
         n = cache.capacity
         self.tokens = np.zeros((n, 1), dtype=np.int64)
         self.total = np.zeros((), dtype=np.int32)
-        # The graph's logits have its cache's type (fp16 for the fp16 variant, converted whole); the chooser
-        # reads float32.
-        self.logits = lazy_zeros((n, 1, vocab_size), np.dtype(cache.k.dtype))
+        # The graph's logits have its cache's type (fp16 for the fp16 variant, converted whole), and stay where
+        # the cache is: on a device, greedy rows are chosen there (server/core/choose_device.py).
+        shape, dtype = (n, 1, vocab_size), np.dtype(cache.k.dtype)
+        self.logits = lazy_zeros(shape, dtype) if cache.device == "cpu" else \
+            device_zeros(shape, dtype, int(cache.device.partition(":")[2] or 0))
         self.layers = cache.k.shape[0]
         # decoder_inplace.std.onnx only reads the cross buffers: it has no present_cross_* to bind
         self.outputs = {o.name for o in session.get_outputs()}
@@ -69,8 +71,9 @@ class InPlaceStep:
         _bind(binding, "logits", self.logits[:b], output=True)
         return binding
 
-    def run(self) -> np.ndarray:
-        """Decode every running row once -> logits (B, V), a view valid until the next run."""
+    def run(self):
+        """Decode every running row once -> logits (B, V) where the cache is (numpy float32 on the host, the
+        graph's own type on a device), a view valid until the next run."""
         c = self.cache
         b = c.used
         self.tokens[:b, 0] = [r.token for r in c.rows]
@@ -81,7 +84,8 @@ class InPlaceStep:
         binding = self._bindings.get(b)
         if binding is None:
             binding = self._bindings[b] = self._bind_rows(b)
+        settle(c.k)  # a device cache: the rows' writes (new rows, compaction, reorder) are done first
         self.session.run_with_iobinding(binding)
         c.advance(self.tokens[:b, 0])
         logits = self.logits[:b, 0]
-        return logits if logits.dtype == np.float32 else logits.astype(np.float32)
+        return logits if logits.dtype == np.float32 or c.device != "cpu" else logits.astype(np.float32)

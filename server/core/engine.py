@@ -13,13 +13,14 @@ from typing import Optional
 import numpy as np
 import onnxruntime as ort
 
-from models.core.device_arrays import as_device_array
+from models.core.device_arrays import as_device_array, to_host
 from models.core.heap import release_free_heap
 from models.core.inplace_step import InPlaceStep
 from models.core.kv_cache import IDLE_S, Row, SlotCache
 from models.core.runtime import OnnxModel
 from models.core.static_decode import pad_batch
 from server.core.choose import Choices, RowControls, TokenChooser
+from server.core.choose_device import choose_where_they_are, plain_greedy
 from server.metrics import Metrics
 from server.core.request import EmbedJob, Job
 
@@ -137,12 +138,24 @@ class Engine:
         return np.concatenate(means) if len(means) > 1 else means[0]
 
     def decode_step(self, controls: RowControls) -> Choices:
-        """One step for every running row -> each row's choice; the rows' caches grow by one."""
-        logits = self.step_logits()
+        """One step for every running row -> each row's choice; the rows' caches grow by one. Logits left on
+        a device are chosen there when every row is plain greedy (server/core/choose_device.py)."""
+        logits = self._step()
+        if not isinstance(logits, np.ndarray):
+            if plain_greedy(controls, self.chooser.suppress):
+                chosen = choose_where_they_are(logits, controls)
+                if chosen is not None:
+                    return chosen
+            logits = to_host(logits).astype(np.float32)
         return self.chooser.choose(logits, controls, self.cache.inputs, self.cache.length)
 
     def step_logits(self) -> np.ndarray:
-        """One step for every running row -> logits (B, V), before any choice (parity tests read them)."""
+        """One step for every running row -> logits (B, V) on the host, before any choice (parity tests)."""
+        logits = self._step()
+        return logits if isinstance(logits, np.ndarray) else to_host(logits).astype(np.float32)
+
+    def _step(self):
+        """One step for every running row -> logits (B, V) where the step left them."""
         b = self.cache.used
         if self.inplace is not None:
             t0 = time.perf_counter()

@@ -73,3 +73,36 @@ def test_cuda_fp32_decodes_in_place_with_standard_ops_over_a_device_cache(bundle
     ids, mask = sources(bundle.spec.vocab_size)
     want = static_decode.greedy(OnnxModel(bundle, RuntimeOptions(provider="cpu")), ids, mask)
     assert varied(want) and static_decode.greedy(gpu, ids, mask) == want
+
+
+def test_the_engine_chooses_greedy_tokens_on_the_device(bundle):
+    """Engine.decode_step with the cache and the logits on the device (fp32: the standard-op graph): plain
+    greedy rows are chosen there (server/core/choose_device.py), with the host engine's tokens step by
+    step. (fp16 takes the same choice code; tests/unit/test_choose_device.py checks it on fp16 logits.)"""
+    from models.core.device_arrays import device_arrays_available
+    from models.core.kv_cache import SlotCache
+    from server.core.choose import RowControls, TokenChooser
+    from server.core.engine import Engine
+    from server.metrics import Metrics
+    if not device_arrays_available():
+        pytest.skip("CuPy is not installed: the logits come to the host")
+
+    def engine(provider: str) -> Engine:
+        runtime = OnnxModel(bundle, RuntimeOptions(provider=provider))
+        cache = SlotCache(bundle.spec, 16, 16, 24, runtime.cache_dtype, runtime.cache_device)
+        return Engine("m", runtime, cache, Metrics(), 0.5, TokenChooser())
+
+    ids, mask = sources(bundle.spec.vocab_size)
+    runs = []
+    for e in (engine("cpu"), engine("cuda")):
+        srcs = [[int(t) for t, m in zip(row, keep) if m] for row, keep in zip(ids, mask)]
+        _, ck, cv, m = e._encode(srcs)
+        rows = [e.cache.allocate(ck[:, i], cv[:, i], m[i], 1, bundle.spec.bos_id)[0] for i in range(len(srcs))]
+        out = []
+        for _ in range(12):
+            choice = e.decode_step(RowControls.greedy(len(rows)))
+            for row in rows:
+                row.token = int(choice.token[row.slot])
+            out.append(choice.token.copy())
+        runs.append(np.stack(out))
+    assert e.cache.device.startswith("cuda") and np.array_equal(runs[0], runs[1])

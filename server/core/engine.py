@@ -13,7 +13,7 @@ from typing import Optional
 import numpy as np
 import onnxruntime as ort
 
-from models.core.device_arrays import as_device_array, to_host
+from models.core.device_arrays import as_device_array, settle, to_host
 from models.core.heap import release_free_heap
 from models.core.inplace_step import InPlaceStep
 from models.core.kv_cache import IDLE_S, Row, SlotCache
@@ -121,6 +121,9 @@ class Engine:
                 for g, i in enumerate(group):
                     rows[i] = self.cache.allocate(cross_k[:, g], cross_v[:, g], mask[g], jobs[i].params.rows,
                                                   self.spec.bos_id)
+                # A device cache's copies run on CuPy's stream: done before the encoder's output memory, which
+                # ONNX Runtime reuses for its next pass, is let go.
+                settle(self.cache.k)
         except BaseException:
             # A later group's pass failed: the rows given to earlier groups belong to no request yet, and
             # would be decoded in every later step (found by tests/unit/test_engine_core_loop.py).

@@ -103,10 +103,13 @@ def test_a_killed_replica_fails_only_its_own_calls_and_comes_back(start_server):
 
 
 def test_with_the_default_flags_a_killed_replica_costs_only_its_calls():
-    """`python -m server` as shipped (engine replicas in core processes: two on two cores): 70 long streams
-    started at once fill the first replica's 64 slots and spill into the second; kill -9 of the second
-    ends exactly its streams UNAVAILABLE, the first's finish OK, readiness stays SERVING, and the
-    replica is replaced."""
+    """`python -m server` as shipped (engine replicas in core processes: two on two cores): 64 long streams
+    fill the first replica's 64 slots, 6 more spill into the second; kill -9 of the second ends exactly
+    its streams UNAVAILABLE, the first's finish OK, readiness stays SERVING, and the replica is replaced.
+
+    The second replica is paused (SIGSTOP) the moment its 6 streams have their first token: six rows
+    decode 250 steps in well under a second, and the kill must find them running, not finished (a
+    fresh-clone CI run once saw all 70 OK when the kill came after reading the replicas' gauges)."""
     from benchmarks.harness import ServerProcess, descendants
     server = ServerProcess("--runaway-guard", "false").start()
     try:
@@ -120,9 +123,11 @@ def test_with_the_default_flags_a_killed_replica_costs_only_its_calls():
                 stream = client.translate_stream(text, model=MODEL, **LONG)
                 first = next(iter(stream))
                 return stream, first
-            streams = [f.result(60)[0] for f in [pool.submit(opened, t) for t in texts]]
+            streams = [f.result(60)[0] for f in [pool.submit(opened, t) for t in texts[:64]]]
             running = [server_metric(server, "nmt_running_requests", model=MODEL, replica=str(i)) for i in (0, 1)]
-            assert running[0] == 64 and running[1] == 6, running
+            assert running == [64, 0], running  # the first replica's batch is full; the next calls spill
+            streams += [f.result(60)[0] for f in [pool.submit(opened, t) for t in texts[64:]]]
+            os.kill(victim, signal.SIGSTOP)  # its six rows stay where they are until the kill
             with Readiness(server.target) as health:
                 os.kill(victim, signal.SIGKILL)
                 codes = [f.result(120)[0] for f in [pool.submit(read_to_end, s) for s in streams]]
@@ -130,7 +135,7 @@ def test_with_the_default_flags_a_killed_replica_costs_only_its_calls():
                                              and "frontend" not in cmdline(p)]) == len(cores), timeout=90)
                 assert wait_for(lambda: client.translate(["A dog."], model=MODEL).translations[0].hypotheses,
                                 timeout=30)
-        assert codes.count(grpc.StatusCode.UNAVAILABLE) == 6 and codes.count(grpc.StatusCode.OK) == 64, codes
+        assert codes == [grpc.StatusCode.OK] * 64 + [grpc.StatusCode.UNAVAILABLE] * 6, codes
         assert set(health) == {"SERVING"}, set(health)
     finally:
         server.stop(timeout=30)

@@ -78,14 +78,16 @@ def test_a_killed_replica_fails_only_its_own_calls_and_comes_back(start_server):
     with TranslatorClient(srv.target, timeout=120, retries=0) as client:
         before = [t.hypotheses[0].text for t in client.translate(texts, model=MODEL).translations]
         streams, homes = [], []
-        for text in texts[:6]:  # three fill replica 0's batch, three go to replica 1
+        victim = srv.app.core.members[0].pid
+        for i, text in enumerate(texts[:6]):  # three fill replica 0's batch, three go to replica 1
             counts = [len(m.link.jobs) for m in srv.app.core.members]
             stream = client.translate_stream(text, model=MODEL, **LONG)
             next(iter(stream))  # decoding in its replica
             streams.append(stream)
             homes.append(replica_of(srv, counts))
+            if i == 2:  # replica 0's three rows wait for the kill where they are (250 steps take well under
+                os.kill(victim, signal.SIGSTOP)  # a second: they must not finish first); its jobs still count
         assert homes == [0, 0, 0, 1, 1, 1], homes
-        victim = srv.app.core.members[0].pid
         with Readiness(srv.target) as health:
             os.kill(victim, signal.SIGKILL)
             with cf.ThreadPoolExecutor(6) as pool:

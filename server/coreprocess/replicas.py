@@ -62,9 +62,11 @@ class Replicas:
         `pieces`: each model's vocabulary pieces, handed to the cores (CoreSupervisor)."""
         self.on_down, self.on_up, self.pieces = on_down, on_up, pieces
         addresses = attach.split(",") if attach else [""] * cfg.replicas
-        # On CUDA each replica drives one device of --device (ServerConfig.devices): its own config says which.
-        configs = [dataclasses.replace(cfg, device=f"cuda:{d}") for d in cfg.devices] if cfg.on_cuda and not attach \
-            else [cfg] * len(addresses)
+        # On CUDA each replica drives one device of --device (ServerConfig.devices), in turn when
+        # --engine-replicas asks for more replicas than devices: its own config says which.
+        devices = cfg.devices if cfg.on_cuda and not attach else []
+        configs = [dataclasses.replace(cfg, device=f"cuda:{devices[i % len(devices)]}") if devices else cfg
+                   for i in range(len(addresses))]
         self.members = [CoreSupervisor(c, metrics, functools.partial(self._down, i), self._up, attach=a,
                                        pieces=pieces) for i, (a, c) in enumerate(zip(addresses, configs))]
         self._turn = itertools.count()

@@ -190,6 +190,19 @@ def test_on_cuda_each_engine_replica_drives_one_device(device, core, expected):
         assert [m.cfg.device for m in members] == [f"cuda:{d}" for d in expected]
 
 
+def test_more_replicas_than_devices_take_the_devices_in_turn():
+    """--engine-replicas 3 over --device cuda:0,cuda:1: three replicas, the devices in turn."""
+    from server.config import ServerConfig
+    from server.coreprocess.replicas import Replicas
+    from server.metrics import Metrics
+
+    async def nothing() -> None:
+        return None
+    cfg = ServerConfig(provider="cuda", device="cuda:0,cuda:1", engine_core="process", engine_replicas=3)
+    members = Replicas(cfg, Metrics(), nothing, nothing).members
+    assert [m.cfg.device for m in members] == ["cuda:0", "cuda:1", "cuda:0"]
+
+
 @pytest.mark.parametrize("device", ["gpu0", "cuda:", "cuda:a", "cuda:0;cuda:1"])
 def test_a_malformed_device_list_is_refused(device):
     from server.config import ServerConfig

@@ -88,7 +88,8 @@ def pack_runtime(wheel: Path, arch: int, into: Path) -> None:
 def pack_dependencies(into: Path) -> None:
     wheels = into / "wheels"
     wheels.mkdir()
-    specs = [f"{name}=={pip_version(name)}" if pip_version(name) else name for name in SERVING_WHEELS]
+    versions = {name: pip_version(name) for name in SERVING_WHEELS}  # one `pip show` each
+    specs = [f"{name}=={v}" if v else name for name, v in versions.items()]
     subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
                     "--python-version", "3.12", "--implementation", "cp",
                     *[a for p in PLATFORMS for a in ("--platform", p)], "-d", str(wheels), *specs], check=True)

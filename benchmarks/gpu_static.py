@@ -6,7 +6,7 @@
 Every cell decodes the same sentences with exactly --tokens target tokens each
 (EOS suppressed), so engines and batch sizes do the same work; the CPU provider
 runs in the same process as a reference row. fp16 is derived from the fp32
-graphs here when the bundle lacks it (export.variants.convert_fp16). Agreement
+graphs here when the bundle lacks it (export.variants.fp16_graphs). Agreement
 columns count sentences whose greedy tokens equal the CPU fp32 run's at the
 model's own output lengths (no forced length).
 """
@@ -29,23 +29,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def with_fp16(bundle_dir: Path, work: Path) -> Path:
     """A copy of the bundle with an fp16 variant (the shipped bundle carries fp32 only)."""
-    from export.variants import convert_fp16
+    from export.variants import fp16_graphs
     config = json.loads((bundle_dir / "config.json").read_text())
     if "fp16" in config["variants"]:
         return bundle_dir
     dst = work / bundle_dir.parent.name / bundle_dir.name
     shutil.copytree(bundle_dir, dst)
-    files = {}
-    # The graphs as `python -m export --fp16` writes them, not the weights file (each fp16 graph holds its
-    # own converted weights); the in-place decoder in fp16 throughout (its cache is bound in place).
-    for graph in ("encoder", "decoder_step", "decoder_inplace"):
-        name = config["variants"]["fp32"].get(graph)
-        if name is None:
-            continue
-        out = name.replace(".onnx", ".fp16.onnx")
-        convert_fp16(dst / name, dst / out, keep_io_types=graph != "decoder_inplace")
-        files[graph] = out
-    config["variants"]["fp16"] = files
+    config["variants"]["fp16"] = fp16_graphs(dst, config["variants"]["fp32"])  # as `export --fp16` writes them
     (dst / "config.json").write_text(json.dumps(config, indent=1))
     return dst
 

@@ -26,7 +26,7 @@ from export.inplace_standard import export_standard
 from export import onnx as graphs
 from export.parity import graph_parity, inplace_parity
 from export.quantize import WEIGHT_BITS
-from export.variants import convert_fp16, quantize_int8
+from export.variants import fp16_graphs, quantize_int8
 from export.weights import share_weights
 from models.core.bundle import BUNDLE_FORMAT, load_bundle
 from models.core.runtime import OnnxModel, RuntimeOptions
@@ -181,12 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 variants["int8"]["decoder_inplace"] = "decoder_inplace.int8.onnx"
         if args.fp16:
             print("converting to fp16", file=sys.stderr)
-            convert_fp16(paths["encoder"], stage / "encoder.fp16.onnx")
-            convert_fp16(paths["decoder"], stage / "decoder_step.fp16.onnx")
-            variants["fp16"] = {"encoder": "encoder.fp16.onnx", "decoder_step": "decoder_step.fp16.onnx"}
-            if with_inplace:
-                convert_fp16(paths["inplace"], stage / "decoder_inplace.fp16.onnx", keep_io_types=False)
-                variants["fp16"]["decoder_inplace"] = "decoder_inplace.fp16.onnx"
+            variants["fp16"] = fp16_graphs(stage, variants["fp32"])
         for key in ("decoder", "inplace"):
             if key in paths:
                 saved = graphs.share_tied_embedding(paths[key])

@@ -39,3 +39,17 @@ def convert_fp16(src: Path, dst: Path, keep_io_types: bool = True) -> Path:
     half = convert_float_to_float16(model, keep_io_types=keep_io_types, op_block_list=["Softmax"])
     onnx.save(half, str(dst))
     return dst
+
+
+def fp16_graphs(folder: Path, fp32_files: dict[str, str]) -> dict[str, str]:
+    """The fp16 variant's graphs beside the fp32 ones in `folder` -> its files by graph kind: the encoder
+    and the copying step with fp32 inputs/outputs, the in-place step fp16 throughout. Not the weights
+    file (each fp16 graph holds its converted weights until the bundle writer shares them) and not the
+    standard-op in-place graph (CUDA runs GQA's in fp16)."""
+    files = {}
+    for graph in ("encoder", "decoder_step", "decoder_inplace"):
+        name = fp32_files.get(graph)
+        if name is not None:
+            files[graph] = name.replace(".onnx", ".fp16.onnx")
+            convert_fp16(folder / name, folder / files[graph], keep_io_types=graph != "decoder_inplace")
+    return files

@@ -205,7 +205,7 @@ class ServerConfig:
     variant: str = "fp32"  # fp32 | int8 | fp16
     provider: str = "auto"  # auto | cpu | cuda
     device: str = ""  # cuda:N[,cuda:M...]; "" = every visible device (see devices)
-    decoder: str = "auto"  # auto | inplace | copy
+    decoder: str = "auto"  # auto | inplace | standard | copy
     intra_op_threads: int = 0
     inter_op_threads: int = 1
     ort_spinning: str = "auto"  # auto | true | false: see `spinning`
@@ -305,11 +305,8 @@ class ServerConfig:
             return [int(d.split(":", 1)[1]) for d in self.device.split(",")]
         if self.engine_core != "process":
             return [0]
-        try:
-            import cupy
-            return list(range(max(1, cupy.cuda.runtime.getDeviceCount())))
-        except Exception:  # noqa: BLE001 (no CuPy or no driver: the one device ONNX Runtime picks)
-            return [0]
+        from models.core.device_arrays import device_count  # numpy only; CuPy when it is there
+        return list(range(max(1, device_count())))  # without CuPy: the one device ONNX Runtime picks
 
     @property
     def replicas(self) -> int:
@@ -331,7 +328,7 @@ class ServerConfig:
         to a GPU, whose one engine would be loaded twice)."""
         if not self.background_replica or self.engine_core != "process":
             return False
-        return not (self.provider == "cuda" or (self.provider == "auto" and _cuda_available()))
+        return not self.on_cuda
 
     @property
     def engine_threads(self) -> int:

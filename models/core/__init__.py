@@ -8,6 +8,7 @@
     bundle.py                   reading and checking a model bundle
     runtime.py                  ONNX Runtime sessions for a bundle (CPU / CUDA, shared thread pool)
     kv_cache.py                 the preallocated slot cache
+    device_arrays.py            the cache's arrays on the host (numpy) or a CUDA device (CuPy)
     inplace_step.py             the decoder step that writes the slot cache in place
     static_decode.py            batch greedy / beam decoding over the ONNX graphs (no server)
     beam.py                     beam-search bookkeeping for one sentence

@@ -21,13 +21,18 @@ import numpy as np
 
 
 @functools.lru_cache(maxsize=1)
-def device_arrays_available() -> bool:
-    """CuPy installed and a CUDA device visible: the slot cache can live on the device."""
+def device_count() -> int:
+    """CUDA devices CuPy sees; 0 without CuPy, a driver or a device."""
     try:
         import cupy
-        return cupy.cuda.runtime.getDeviceCount() > 0
+        return cupy.cuda.runtime.getDeviceCount()
     except Exception:  # noqa: BLE001 (not installed, no driver, no device: the host cache it is)
-        return False
+        return 0
+
+
+def device_arrays_available() -> bool:
+    """CuPy installed and a CUDA device visible: the slot cache can live on the device."""
+    return device_count() > 0
 
 
 def device_zeros(shape: tuple[int, ...], dtype, device_id: int = 0) -> Any:
@@ -66,6 +71,12 @@ def settle(array: Any) -> None:
 
 def to_host(array: Any) -> np.ndarray:
     return array if isinstance(array, np.ndarray) else array.get()
+
+
+def host_float32(array: Any) -> np.ndarray:
+    """The array on the host in float32, what the host's token choice reads: no copy for a host float32
+    array (the chooser then works on the step's own buffer, as it always did)."""
+    return np.asarray(to_host(array), dtype=np.float32)
 
 
 def same_device(like: Any, array: Any) -> Any:

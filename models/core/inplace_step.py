@@ -47,7 +47,7 @@ class InPlaceStep:
         # the cache is: on a device, greedy rows are chosen there (server/core/choose_device.py).
         shape, dtype = (n, 1, vocab_size), np.dtype(cache.k.dtype)
         self.logits = lazy_zeros(shape, dtype) if cache.device == "cpu" else \
-            device_zeros(shape, dtype, int(cache.device.partition(":")[2] or 0))
+            device_zeros(shape, dtype, device_of(cache.k)[1])
         self.layers = cache.k.shape[0]
         # decoder_inplace.std.onnx only reads the cross buffers: it has no present_cross_* to bind
         self.outputs = {o.name for o in session.get_outputs()}
@@ -72,8 +72,8 @@ class InPlaceStep:
         return binding
 
     def run(self):
-        """Decode every running row once -> logits (B, V) where the cache is (numpy float32 on the host, the
-        graph's own type on a device), a view valid until the next run."""
+        """Decode every running row once -> logits (B, V) where the cache is, in the graph's type (host_float32
+        gives the host chooser's), a view valid until the next run."""
         c = self.cache
         b = c.used
         self.tokens[:b, 0] = [r.token for r in c.rows]
@@ -87,5 +87,4 @@ class InPlaceStep:
         settle(c.k)  # a device cache: the rows' writes (new rows, compaction, reorder) are done first
         self.session.run_with_iobinding(binding)
         c.advance(self.tokens[:b, 0])
-        logits = self.logits[:b, 0]
-        return logits if logits.dtype == np.float32 or c.device != "cpu" else logits.astype(np.float32)
+        return self.logits[:b, 0]

@@ -12,7 +12,7 @@ import numpy as np
 
 from models.core.beam import BeamState, Hypothesis, log_softmax
 from models.core.config import max_output_len
-from models.core.device_arrays import as_device_array, to_host
+from models.core.device_arrays import as_device_array, host_float32
 from models.core.inplace_step import InPlaceStep
 from models.core.kv_cache import SlotCache
 from models.core.runtime import OnnxModel
@@ -115,8 +115,7 @@ def _inplace_steps(model: OnnxModel, cross_k: np.ndarray, cross_v: np.ndarray, s
     def step(tokens: np.ndarray) -> np.ndarray:
         for row, tok in zip(rows, tokens.tolist()):
             row.token = tok
-        logits = runner.run()  # where the cache is: a device cache's logits come to the host here
-        return logits if isinstance(logits, np.ndarray) else to_host(logits).astype(np.float32)
+        return host_float32(runner.run())  # a device cache's logits come to the host here
     return step
 
 

@@ -13,7 +13,7 @@ from typing import Optional
 import numpy as np
 import onnxruntime as ort
 
-from models.core.device_arrays import as_device_array, settle, to_host
+from models.core.device_arrays import as_device_array, host_float32, settle
 from models.core.heap import release_free_heap
 from models.core.inplace_step import InPlaceStep
 from models.core.kv_cache import IDLE_S, Row, SlotCache
@@ -144,18 +144,15 @@ class Engine:
         """One step for every running row -> each row's choice; the rows' caches grow by one. Logits left on
         a device are chosen there when every row is plain greedy (server/core/choose_device.py)."""
         logits = self._step()
-        if not isinstance(logits, np.ndarray):
-            if plain_greedy(controls, self.chooser.suppress):
-                chosen = choose_where_they_are(logits, controls)
-                if chosen is not None:
-                    return chosen
-            logits = to_host(logits).astype(np.float32)
-        return self.chooser.choose(logits, controls, self.cache.inputs, self.cache.length)
+        if not isinstance(logits, np.ndarray) and plain_greedy(controls, self.chooser.suppress):
+            chosen = choose_where_they_are(logits, controls)
+            if chosen is not None:
+                return chosen
+        return self.chooser.choose(host_float32(logits), controls, self.cache.inputs, self.cache.length)
 
     def step_logits(self) -> np.ndarray:
         """One step for every running row -> logits (B, V) on the host, before any choice (parity tests)."""
-        logits = self._step()
-        return logits if isinstance(logits, np.ndarray) else to_host(logits).astype(np.float32)
+        return host_float32(self._step())
 
     def _step(self):
         """One step for every running row -> logits (B, V) where the step left them."""

@@ -28,7 +28,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-OPSET = 24  # TensorScatter and Attention's nonpad_kv_seqlen; the graph's other ops mean the same at 24
+OPSET = 24
+IR_VERSION = 12  # TensorScatter and Attention's nonpad_kv_seqlen; the graph's other ops mean the same at 24
 
 
 def _const(graph_nodes: list, name: str, values) -> str:
@@ -90,7 +91,9 @@ def rewrite(model: onnx.ModelProto, heads: int, head_dim: int) -> tuple[onnx.Mod
     nodes = _live(nodes, {o.name for o in kept_outputs})
     out = helper.make_model(
         helper.make_graph(nodes, graph.name, list(graph.input), kept_outputs, list(graph.initializer)),
-        opset_imports=[helper.make_opsetid("", OPSET)])
+        opset_imports=[helper.make_opsetid("", OPSET)],
+        # The IR version opset 24 needs, not this onnx's newest (14): onnxruntime-gpu 1.31 reads at most 13.
+        ir_version=IR_VERSION)
     return out, problems
 
 

@@ -49,17 +49,25 @@ class InPlaceStep:
         self.logits = lazy_zeros(shape, dtype) if cache.device == "cpu" else \
             device_zeros(shape, dtype, device_of(cache.k)[1])
         self.layers = cache.k.shape[0]
+        self.on_device = cache.device != "cpu"
         # decoder_inplace.std.onnx only reads the cross buffers: it has no present_cross_* to bind
         self.outputs = {o.name for o in session.get_outputs()}
         self._bindings: dict[int, ort.IOBinding] = {}  # running rows -> their binding
 
-    def _bind_rows(self, b: int) -> ort.IOBinding:
+    def _bind_host_inputs(self, binding: ort.IOBinding, b: int) -> None:
+        """The per-step inputs, which live on the host. A session on a device copies a host input to the
+        device when it is bound, not when it runs (IOBinding::BindInput), so on a device they are bound again
+        every step; on the host the bound memory is read as it is at each run."""
         c = self.cache
-        binding = self.session.io_binding()
         _bind(binding, "tokens", self.tokens[:b])
         _bind(binding, "positions", c.length[:b].reshape(b, 1))
         _bind(binding, "total_len", self.total)
         _bind(binding, "src_len", c.src_len[:b])
+
+    def _bind_rows(self, b: int) -> ort.IOBinding:
+        c = self.cache
+        binding = self.session.io_binding()
+        self._bind_host_inputs(binding, b)
         for layer in range(self.layers):
             for name, out, buffer in (("past_key", "present_key", c.k), ("past_value", "present_value", c.v),
                                       ("cross_key", "present_cross_key", c.cross_k),
@@ -84,6 +92,8 @@ class InPlaceStep:
         binding = self._bindings.get(b)
         if binding is None:
             binding = self._bindings[b] = self._bind_rows(b)
+        elif self.on_device:
+            self._bind_host_inputs(binding, b)
         settle(c.k)  # a device cache: the rows' writes (new rows, compaction, reorder) are done first
         self.session.run_with_iobinding(binding)
         c.advance(self.tokens[:b, 0])

@@ -2,6 +2,7 @@
 import json
 
 import numpy as np
+import onnx
 import pytest
 import torch
 
@@ -61,6 +62,10 @@ def test_bundle_layout_and_config(repo):
     # the same step in standard opset-24 ops (TensorScatter + Attention), for CUDA in fp32
     assert config["variants"]["fp32"]["decoder_inplace_std"] == "decoder_inplace.std.onnx"
     assert "decoder_inplace_std" in config["signatures"]
+    # Every graph declares an IR version ONNX Runtime 1.31 reads (at most 13; seen on an H200: the onnx
+    # library's newest, 14, made onnxruntime-gpu refuse the standard-op graph at load).
+    for graph in bundle.path.glob("*.onnx"):
+        assert onnx.load(graph, load_external_data=False).ir_version <= 13, graph.name
     # fp16 in place throughout (GQA's CUDA kernels are fp16): the cache it binds is fp16 too
     assert config["variants"]["fp16"]["decoder_inplace"] == "decoder_inplace.fp16.onnx"
 

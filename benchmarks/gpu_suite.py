@@ -120,6 +120,11 @@ def plan(args, out: Path, facts: dict) -> list[Step]:
         # The decode-step issue's two open design questions, answered on this device: an attention op that
         # writes each row's cache in place (GQA in fp16 vs opset-24 Attention), and token choice on the
         # device vs the logits copied to the host (docs/benchmarks/choice_ops.md has the CPU's answer).
+        # Served fp16 in place was 5x slower than fp32 on an H200 while the same graph in gpu_static was not:
+        # the step alone at both cache shapes, and where ONNX Runtime placed its nodes.
+        Step("ops-inplace", [*py, "benchmarks.studies.inplace_device", "--provider", args.provider]
+             + (["--variants", "fp32", "--rows", "8", "--server-shape", "32,65"] if quick else []),
+             ["ops-inplace.log"], 300, no_cuda),
         Step("ops-attention", [*py, "benchmarks.studies.attention_ops", "--provider", args.provider,
                                "--dtype", "fp16" if cuda else "fp32"] + (["--capacity", "64"] if quick else []),
              ["ops-attention.log"], 300, no_cuda),
@@ -133,8 +138,8 @@ def plan(args, out: Path, facts: dict) -> list[Step]:
              [f"serving_{args.provider}_fp32.md"], 600, no_cuda),
         # The same with the copying step (the cache in host memory): the device path's same-run baseline.
         Step("serve-fp32-copy", [*load, "--provider", args.provider, "--variant", "fp32", "--decoder", "copy",
-                                 "--out", str(out / f"serving_{args.provider}_fp32_copy.md")],
-             [f"serving_{args.provider}_fp32_copy.md"], 600, no_cuda or ("" if cuda else "the CPU has no device path")),
+                                 "--out", str(out / f"copying_step_{args.provider}_fp32.md")],
+             [f"copying_step_{args.provider}_fp32.md"], 600, no_cuda or ("" if cuda else "the CPU has no device path")),
         Step("serve-fp16", [*load, "--provider", "cuda", "--variant", "fp16", "--repository", str(fp16_repository),
                             "--out", str(out / "serving_cuda_fp16.md")],
              ["serving_cuda_fp16.md"], 600, no_cuda or ("" if cuda else "fp16 is for the CUDA provider"), with_fp16),

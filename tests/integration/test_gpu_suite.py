@@ -20,7 +20,8 @@ def test_the_suite_runs_end_to_end_on_cpu(tmp_path):
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1] for line in readme.splitlines()
             if line.startswith("| ") and not line.startswith("| step") and not line.startswith("|---")}
     assert rows["static"] == rows["serve-fp32"] == rows["frontends-1"] == rows["frontends-2"] == "ok", readme
-    assert rows["ops-attention"] == rows["ops-choice"] == "ok", readme
+    assert rows["ops-attention"] == rows["ops-choice"] == rows["ops-inplace"] == "ok", readme
+    assert "| fp32 | 8 |" in (out / "ops-inplace.log").read_text()
     assert "| 8 | 1,000 | yes |" in (out / "ops-choice.log").read_text()  # the choice checked, then timed
     assert rows["test"].startswith("skipped") and rows["serve-fp16"].startswith("skipped"), readme
     for name in ("device.json", "gpu_static.md", "serving_cpu_fp32.md", "frontends_1.md", "frontends_2.md",

@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--provider", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--variants", default="fp32,fp16", help="variants of the bundle to time (those it has)")
     p.add_argument("--rows", default="32,256", help="running rows per step")
+    p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: ONNX Runtime's default)")
     p.add_argument("--server-shape", default="256,257", help="slots,positions of the server's cache (its defaults)")
     args = p.parse_args(argv)
     bundle = load_bundle(Path(args.bundle))
@@ -99,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         if variant not in bundle.variants:
             print(f"| {variant} | - | not in the bundle | | |")
             continue
-        model = OnnxModel(bundle, RuntimeOptions(variant=variant, provider=args.provider, decoder="auto"))
+        model = OnnxModel(bundle, RuntimeOptions(variant=variant, provider=args.provider, decoder="auto",
+                                                    intra_op_threads=args.threads))
         if model.inplace is None:
             print(f"| {variant} | - | no in-place step here (CuPy missing?) | | |")
             continue

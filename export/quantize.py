@@ -23,7 +23,8 @@ AVX2 and VNNI: int8 activations would save the zero point's two nodes per
 activation, but measured 5.8x slower on an AVX-512 VNNI machine (3,255 vs 563
 tokens/s at batch 1; MLAS has no fast s8s8 kernel there). The attention products (between two activations) and
 everything else stay fp32. K * 127 * 63 must stay below 2^24 for the int32 ->
-float conversion to be exact (K <= 2096); larger K is refused.
+float conversion to be exact (K <= 2096 with 7-bit weights, 1040 with 8-bit); a longer
+product stays fp32.
 
 Why the weights use 7 bits (-63..63), as ONNX Runtime's own `reduce_range` does: a CPU
 without VNNI (AVX2 only, e.g. AMD Zen 3; or AVX-512 without VNNI) multiplies uint8 by
@@ -36,6 +37,11 @@ M2M100's by 3.2, and the shipped model's int8 greedy BLEU fell 0.56 below PyTorc
 AVX-512, VNNI) computes the same exact int32 sums, and an int8 bundle gives the same
 tokens on every x86 CPU. The cost is one bit of weight resolution per output channel
 (the shipped model's card gives the int8 BLEU measured with it).
+
+Where the CPU has VNNI (or AMX), the byte products are summed in int32 and 8-bit weights are exact as
+well, one bit finer: `export --int8` also writes them as the `int8-vnni` variant, and the runtime serves
+that one for `int8` on such a CPU (models/core/runtime.py: `int8_weights`, "auto"; "7" keeps every
+machine of a mixed fleet on the same tokens). Same operators, same cost: the choice is fidelity to fp32.
 
 Why these two operators (chosen by profile, benchmarks/ort_profile.py): the
 first version spelled the same arithmetic as Div, Round, Add, Cast before
@@ -58,10 +64,21 @@ from onnx import helper, numpy_helper
 # 7-bit weights (see above): 8-bit activations with 7-bit weights kept more tokens identical to fp32
 # than the reverse (shipped model, greedy: 87.3% vs 85.9% of the test set; BLEU 36.88 vs 36.85).
 ACT_LEVELS = 127  # activations: q - zero point in -127..127
-WEIGHT_LEVELS = 63
+WEIGHT_BITS = 7  # the int8 variant's, recorded in config.json (int8_weight_bits); exact on every x86 CPU
+VNNI_WEIGHT_BITS = 8  # the int8-vnni variant's: exact only where VNNI (or AMX) sums the byte products in int32
+WEIGHT_LEVELS = (1 << (WEIGHT_BITS - 1)) - 1  # 63
 ZERO_POINT = ACT_LEVELS + 1  # uint8 activations in 1..255
-WEIGHT_BITS = WEIGHT_LEVELS.bit_length() + 1  # 7 with the sign; recorded in config.json (int8_weight_bits)
-MAX_K = (1 << 24) // (ACT_LEVELS * WEIGHT_LEVELS)
+
+
+def weight_levels(bits: int) -> int:
+    """Largest weight magnitude with `bits` bits and the sign: 63 for 7, 127 for 8."""
+    return (1 << (bits - 1)) - 1
+
+
+def max_k(bits: int) -> int:
+    """Longest product whose int32 sum converts to float exactly (K x 127 x levels < 2^24): 2096 for 7-bit
+    weights, 1040 for 8-bit; longer products stay fp32."""
+    return (1 << 24) // (ACT_LEVELS * weight_levels(bits))
 OPSET = 21  # blocked QuantizeLinear
 # Operators whose schema changed between opset 13 and 21 only by accepting more types
 # (float8, int4, strings): a graph using nothing else means the same at opset 21.
@@ -105,8 +122,10 @@ def _weight_of(node: onnx.NodeProto, inits: dict) -> np.ndarray | None:
     return None
 
 
-def quantize_rowwise(src: Path, dst: Path) -> int:
-    """Rewrite `src` into `dst` as above; returns how many products became int8."""
+def quantize_rowwise(src: Path, dst: Path, weight_bits: int = WEIGHT_BITS) -> int:
+    """Rewrite `src` into `dst` as above, weights in `weight_bits` bits (7: exact on every x86 CPU; 8: exact
+    with VNNI only, one bit finer); returns how many products became int8."""
+    levels, longest = weight_levels(weight_bits), max_k(weight_bits)
     model = onnx.load(str(src))
     _move_to_opset(model)
     graph = model.graph
@@ -120,13 +139,13 @@ def quantize_rowwise(src: Path, dst: Path) -> int:
     quantized: dict[str, tuple[str, str]] = {}  # activation -> (uint8 rows, row scales): once per activation
     for node in graph.node:
         w = _weight_of(node, inits)
-        if w is None or w.shape[0] > MAX_K:
+        if w is None or w.shape[0] > longest:
             nodes.append(node)
             continue
         count += 1
         p = f"q{count}_"
-        w_scale = np.maximum(np.abs(w).max(axis=0), 1e-12) / WEIGHT_LEVELS  # (N,)
-        w_q = np.clip(np.round(w / w_scale), -WEIGHT_LEVELS, WEIGHT_LEVELS).astype(np.int8)
+        w_scale = np.maximum(np.abs(w).max(axis=0), 1e-12) / levels  # (N,)
+        w_q = np.clip(np.round(w / w_scale), -levels, levels).astype(np.int8)
         graph.initializer.extend([numpy_helper.from_array(w_q, p + "w"),
                                   numpy_helper.from_array(w_scale.astype(np.float32), p + "w_scale")])
         x, out = node.input[0], node.output[0]

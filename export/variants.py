@@ -1,6 +1,7 @@
 """Derived graph variants: int8 (CPU) and fp16 (GPU).
 
-int8: export/quantize.py: int8 weights per output channel, activations
+int8 and int8-vnni: export/quantize.py: 7-bit (int8, exact on every x86 CPU) or 8-bit (int8-vnni, exact
+where VNNI sums byte products in int32) weights per output channel, activations
 quantised per row (token) on the fly, integer GEMM; batch-invariant, unlike
 ONNX Runtime's `quantize_dynamic`, whose activation scale spans the whole batch.
 The attention products between two activations (QK^T, weights x V) stay fp32
@@ -19,11 +20,11 @@ from pathlib import Path
 
 import onnx
 
-from export.quantize import quantize_rowwise
+from export.quantize import WEIGHT_BITS, quantize_rowwise
 
 
-def quantize_int8(src: Path, dst: Path) -> Path:
-    quantize_rowwise(src, dst)
+def quantize_int8(src: Path, dst: Path, weight_bits: int = WEIGHT_BITS) -> Path:
+    quantize_rowwise(src, dst, weight_bits)
     return dst
 
 

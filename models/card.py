@@ -139,7 +139,7 @@ def render(state: dict, log: list[dict], quality: dict, name: str, selection: li
         "|---|---|---|---|",
         f"| PyTorch (models/search.py) | {q['pytorch']['greedy']:.2f} | {q['pytorch'][beam_key]:.2f} | — |",
     ]
-    for variant in ("fp32", "int8"):
+    for variant in [v for v in ("fp32", "int8", "int8-vnni") if f"onnx_{v}_greedy" in q]:
         g, b = q[f"onnx_{variant}_greedy"], q[f"onnx_{variant}_{beam_key}"]
         lines.append(f"| ONNX Runtime {variant} + numpy (models/core/static_decode.py) | {g['bleu']:.2f} | {b['bleu']:.2f} | "
                      f"{100 * g['identical_to_pytorch']:.1f}% / {100 * b['identical_to_pytorch']:.1f}% |")
@@ -152,6 +152,8 @@ def render(state: dict, log: list[dict], quality: dict, name: str, selection: li
         f"greedy decoding of the test set at batch 32 ran at {q['int8_speedup_greedy_b32']:.2f}× fp32's speed "
         "(same decoder, same process, one timed pass; at this model's width the int8 products save less than "
         "quantising the activations costs on some CPUs: docs/serving_speed.md has the served comparison).",
+        *(["int8-vnni: the same with 8-bit weights, exact on a CPU with VNNI or AMX only; `--variant int8` serves it "
+           "on such a CPU (`--int8-weights`, export/quantize.py)."] if "onnx_int8-vnni_greedy" in q else []),
         f"Measured by `python -m export.quality` (see {quality_file}).",
         "",
         "## Intended use and limits",

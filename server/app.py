@@ -166,8 +166,8 @@ class TranslationServer:
         if not self.attach:  # the primary exports the core's series; an extra frontend only its own
             self.metrics.add_core(lambda: self._on_loop(self.core.metrics_text, ""))
         for model in models:
-            model.link, model.provider, model.capacity = self.core, facts[model.name].provider, \
-                facts[model.name].capacity
+            model.link, model.provider, model.capacity, model.variant = self.core, facts[model.name].provider, \
+                facts[model.name].capacity, facts[model.name].variant
             self.models[model.name] = model
             self._loaded(model, time.perf_counter() - t0)
 
@@ -193,11 +193,11 @@ class TranslationServer:
 
     def _loaded(self, model: HostedModel, seconds: float) -> None:
         bundle, cfg = model.bundle, self.cfg
-        self.metrics.model_loaded(bundle.name, bundle.version, cfg.variant, model.provider, cfg.max_queue_size)
+        self.metrics.model_loaded(bundle.name, bundle.version, model.variant, model.provider, cfg.max_queue_size)
         log.info("loaded %s v%d (%s -> %s) on %s", bundle.name, bundle.version, bundle.source_language,
                  bundle.target_language, model.provider,
                  extra={"event": "model_loaded", "model": bundle.name, "version": bundle.version,
-                        "variant": cfg.variant, "provider": model.provider, "source_language": bundle.source_language,
+                        "variant": model.variant, "provider": model.provider, "source_language": bundle.source_language,
                         "target_language": bundle.target_language, "load_s": round(seconds, 3),
                         "engine_core": cfg.engine_core})
 

@@ -91,6 +91,9 @@ HELP = {
                  "else ~/.cache/nmt-serve",
     "default_model": "model for requests that name none; empty = the first by name",
     "variant": "bundle graphs to run: fp32, int8 or fp16 (fp16 is for --provider cuda)",
+    "int8_weights": "with --variant int8 on the CPU: auto (the bundle's 8-bit weights, int8-vnni, on a CPU with "
+                    "VNNI or AMX, exact there and one bit closer to fp32; its 7-bit weights elsewhere), 7 (7-bit "
+                    "everywhere: the same tokens on every x86 CPU of a mixed fleet) or 8",
     "provider": "ONNX Runtime execution provider: auto (CUDA when available), cpu or cuda",
     "device": "CUDA devices for the engine replicas, one replica each: e.g. cuda:0 or cuda:0,cuda:1; empty = "
               "every visible device with --engine-core process (CuPy counts them; one without it), device 0 "
@@ -203,6 +206,7 @@ class ServerConfig:
     cache_dir: str = ""
     default_model: str = ""  # empty = the first model by name
     variant: str = "fp32"  # fp32 | int8 | fp16
+    int8_weights: str = "auto"  # auto | 7 | 8 (models/core/runtime.py served_variant)
     provider: str = "auto"  # auto | cpu | cuda
     device: str = ""  # cuda:N[,cuda:M...]; "" = every visible device (see devices)
     decoder: str = "auto"  # auto | inplace | standard | copy
@@ -398,6 +402,8 @@ class ServerConfig:
             out.append(f"--keepalive-timeout-ms must be >= 1 (got {self.keepalive_timeout_ms})")
         if self.variant not in ("fp32", "int8", "fp16"):
             out.append(f"--variant must be fp32, int8 or fp16 (got {self.variant!r})")
+        if self.int8_weights not in ("auto", "7", "8"):
+            out.append(f"--int8-weights must be auto, 7 or 8 (got {self.int8_weights!r})")
         if self.decoder not in ("auto", "inplace", "standard", "copy"):
             out.append(f"--decoder must be auto, inplace, standard or copy (got {self.decoder!r})")
         if self.device and not all(re.fullmatch(r"cuda:\d+", d) for d in self.device.split(",")):

@@ -40,6 +40,7 @@ class HostedModel:
         self.max_source = min(cfg.max_source_tokens, spec.max_positions)
         self.max_output = min(cfg.max_output_tokens, spec.max_positions - 1)
         self.capacity, self.provider = cfg.max_batch_size, ""
+        self.variant = cfg.variant  # the engine's, once built here or told by the core (int8 may run int8-vnni)
         self.m = metrics.for_model(self.name)
         # With the engine in a core process (--engine-core process) this process only builds and checks
         # requests: the core's link queues them (server/coreprocess/link.py). Else the engine is here.
@@ -59,14 +60,15 @@ class HostedModel:
         from server.core.runaway import RunawayGuard
         from server.core.scheduler import Scheduler
         keep_freed_memory()
-        self.runtime = OnnxModel(bundle, RuntimeOptions(variant=cfg.variant, provider=cfg.provider, decoder=cfg.decoder,
+        self.runtime = OnnxModel(bundle, RuntimeOptions(variant=cfg.variant, int8_weights=cfg.int8_weights,
+                                                        provider=cfg.provider, decoder=cfg.decoder,
                                                         device_id=cfg.devices[0] if cfg.on_cuda else 0,
                                                         intra_op_threads=cfg.engine_threads,
                                                         inter_op_threads=cfg.inter_op_threads,
                                                         shared_pool=cfg.spinning,
                                                         allow_spinning=cfg.spinning))
         spec = bundle.spec
-        self.provider = self.runtime.providers[0]
+        self.provider, self.variant = self.runtime.providers[0], self.runtime.variant
         self.cache = SlotCache(spec, cfg.max_batch_size, self.max_source, self.max_output + 1,
                                self.runtime.cache_dtype, self.runtime.cache_device)
         self.capacity = self.cache.capacity
@@ -278,7 +280,7 @@ class HostedModel:
                 "source_language": self.bundle.source_language, "target_language": self.bundle.target_language,
                 "max_source_tokens": self.max_source, "max_output_tokens": self.max_output,
                 "max_texts_per_request": self.cfg.max_texts_per_request, "max_beam_size": self.cfg.max_beam_size,
-                "variant": self.cfg.variant, "provider": self.provider,
+                "variant": self.variant, "provider": self.provider,
                 "vocab_size": spec.out_vocab_size, "embedding_dimension": spec.d_model,
                 "language_pairs": [{"source_language": s, "target_language": t}
                                    for s, t in self.bundle.languages.pairs]}

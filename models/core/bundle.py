@@ -7,9 +7,12 @@ Repository layout (Triton's `<repository>/<model>/<version>/`):
         1/
           config.json          sizes, languages, special ids, graph signatures, variants
           encoder.onnx         decoder_step.onnx        (fp32)
-          encoder.int8.onnx    decoder_step.int8.onnx   (int8, activations quantised per row)
+          encoder.int8.onnx    decoder_step.int8.onnx   (int8, activations quantised per row; 7-bit weights)
+          encoder.int8-vnni.onnx ...                    (int8-vnni: the same with 8-bit weights, for VNNI CPUs)
           decoder_inplace.onnx decoder_inplace.int8.onnx (optional: the step over the slot cache in place)
-          weights.bin          weights.int8.bin         (each variant's tensors, stored once for its graphs)
+          weights.bin          weights.int8.bin         (tensors stored once: fp32's, then both int8
+                                                         variants' quantised matrices; int8's fp32 tensors
+                                                         point into weights.bin)
           tokenizer.json       (this repo's models; imported ones carry source.spm, vocab.json, ... instead)
           MODEL_CARD.md
 

@@ -48,6 +48,10 @@ class RuntimeOptions:
     # _inplace_graph), else decoder_step.onnx; "inplace" / "standard" / "copy" force one.
     decoder: str = "auto"  # auto | inplace | standard | copy
     device_id: int = 0  # the CUDA device (an engine replica per device: server --device)
+    # variant "int8" on the CPU: "auto" serves the bundle's int8-vnni graphs (8-bit weights) on a CPU with
+    # VNNI or AMX, its 7-bit int8 graphs elsewhere; "7" the 7-bit ones everywhere (the same tokens on every
+    # x86 CPU); "8" the 8-bit ones (wrong products without VNNI: export/quantize.py).
+    int8_weights: str = "auto"  # auto | 7 | 8
 
 
 def resolve_providers(provider: str) -> list[str]:
@@ -121,14 +125,33 @@ def cpu_has_vnni() -> Optional[bool]:
     return bool({"avx512_vnni", "avx_vnni", "amx_int8"} & set(flags))
 
 
-def int8_problem(bundle: Bundle, vnni: Optional[bool]) -> Optional[str]:
-    """Why this bundle's int8 graphs would compute wrong products on this CPU, or None."""
-    bits = bundle.config.get("int8_weight_bits", 8)  # bundles from before export/quantize.py's 7 bits
+def int8_problem(bundle: Bundle, variant: str, vnni: Optional[bool]) -> Optional[str]:
+    """Why this bundle's graphs of `variant` (int8 or int8-vnni) would compute wrong products on this CPU,
+    or None."""
+    # int8-vnni is 8-bit by definition; int8 is 8-bit in bundles from before export/quantize.py's 7 bits
+    bits = 8 if variant == "int8-vnni" else bundle.config.get("int8_weight_bits", 8)
     if bits <= 7 or vnni is not False:
         return None
-    return (f"{bundle.name}: its int8 graphs have {bits}-bit weights, and this CPU has no VNNI: ONNX Runtime's "
-            "uint8 x int8 product saturates here (docs/export.md), so int8 outputs will be worse than the card "
-            "says; re-export the model with `python -m export ... --int8` (7-bit weights) or serve fp32")
+    return (f"{bundle.name}: its {variant} graphs have {bits}-bit weights, and this CPU has no VNNI: ONNX "
+            "Runtime's uint8 x int8 product saturates here (docs/export.md), so int8 outputs will be worse than "
+            "the card says; serve `int8` with 7-bit weights (`--int8-weights 7`, re-exporting older bundles with "
+            "`python -m export ... --int8`) or fp32")
+
+
+def served_variant(bundle: Bundle, opts: RuntimeOptions, provider: str) -> str:
+    """The bundle variant whose graphs run: `opts.variant`, except that int8 on the CPU takes the 8-bit
+    weights (int8-vnni) where `opts.int8_weights` says so ("auto": where the CPU has VNNI) and the bundle
+    has them."""
+    if opts.int8_weights not in ("auto", "7", "8"):
+        raise ValueError(f"int8_weights {opts.int8_weights!r}: auto, 7 or 8")
+    if opts.variant != "int8" or provider != "CPUExecutionProvider" or opts.int8_weights == "7":
+        return opts.variant
+    if "int8-vnni" not in bundle.variants:
+        if opts.int8_weights == "8":
+            raise RuntimeError(f"{bundle.name}/{bundle.version} has no 8-bit int8 graphs (int8-vnni): re-export "
+                               "it with `python -m export ... --int8`")
+        return "int8"
+    return "int8-vnni" if opts.int8_weights == "8" or cpu_has_vnni() else "int8"
 
 
 # An encoder pass at least this large (batch x source length squared: its attention scores are B x H x S x S)
@@ -151,8 +174,9 @@ class OnnxModel:
         self.opts = opts or RuntimeOptions()
         self.providers = resolve_providers(self.opts.provider)
         self._ort_providers = with_device(self.providers, self.opts.device_id)
-        if self.opts.variant == "int8" and self.providers[0] == "CPUExecutionProvider":
-            problem = int8_problem(bundle, cpu_has_vnni())
+        self.variant = served_variant(bundle, self.opts, self.providers[0])
+        if self.variant.startswith("int8") and self.providers[0] == "CPUExecutionProvider":
+            problem = int8_problem(bundle, self.variant, cpu_has_vnni())
             if problem:
                 log.warning(problem)
         self.encoder = self._session("encoder")
@@ -191,13 +215,13 @@ class OnnxModel:
         decoder_inplace (GroupQueryAttention) on the CPU, and on CUDA in fp16 (its CUDA kernels are fp16
         only); decoder_inplace_std (standard opset-24 ops) where GQA has no kernel: CUDA in fp32. On CUDA the
         cache lives on the device, which needs CuPy; without it, the copying step."""
-        graphs = self.bundle.variants.get(self.opts.variant, {})
+        graphs = self.bundle.variants.get(self.variant, {})
         asked = {"inplace": "decoder_inplace", "standard": "decoder_inplace_std"}.get(self.opts.decoder)
         if self.opts.decoder == "copy":
             return None
         if asked is not None:
             if asked not in graphs:
-                raise RuntimeError(f"{self.bundle.name}: variant {self.opts.variant} has no {asked} graph "
+                raise RuntimeError(f"{self.bundle.name}: variant {self.variant} has no {asked} graph "
                                    "(re-export the bundle, or use the copy decoder)")
             return asked
         if self.opts.decoder != "auto":
@@ -206,7 +230,7 @@ class OnnxModel:
             return "decoder_inplace" if "decoder_inplace" in graphs else None
         if not device_arrays_available():
             return None
-        wanted = "decoder_inplace" if self.opts.variant == "fp16" else "decoder_inplace_std"
+        wanted = "decoder_inplace" if self.variant == "fp16" else "decoder_inplace_std"
         return wanted if wanted in graphs else None
 
     @property
@@ -224,7 +248,7 @@ class OnnxModel:
         return f"cuda:{self.opts.device_id}" if self.on_device and self.inplace is not None else "cpu"
 
     def _session(self, graph: str) -> ort.InferenceSession:
-        path = str(self.bundle.graph_path(self.opts.variant, graph))
+        path = str(self.bundle.graph_path(self.variant, graph))
         if self.opts.shared_pool and use_shared_pool(self.opts.intra_op_threads):
             try:
                 return ort.InferenceSession(path, session_options(self.opts, shared=True),

@@ -108,7 +108,7 @@ class Core:
     def __init__(self, models: dict[str, HostedModel], metrics: Metrics, address: str, parent: int,
                  watchdog_s: float):
         self.models, self.metrics, self.parent, self.watchdog_s = models, metrics, parent, watchdog_s
-        self.ready = wire.Ready([wire.ModelFacts(m.name, m.provider, m.capacity)
+        self.ready = wire.Ready([wire.ModelFacts(m.name, m.provider, m.capacity, m.variant)
                                  for m in models.values()], os.getpid())
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)

@@ -103,6 +103,7 @@ class ModelFacts(msgspec.Struct, array_like=True):
     name: str
     provider: str
     capacity: int  # decode slots
+    variant: str  # the bundle variant whose graphs run (int8 may be int8-vnni: models/core/runtime.py)
 
 
 class Ready(msgspec.Struct, tag=True, array_like=True):

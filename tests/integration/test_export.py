@@ -12,7 +12,7 @@ from export.__main__ import INT8_LOGIT_TOLERANCE, check_graph
 from export.__main__ import main as export_main
 from export.parity import graph_parity, inplace_parity, token_parity
 from models.core.bundle import BundleError, discover, load_bundle
-from models.core.runtime import OnnxModel, RuntimeOptions
+from models.core.runtime import OnnxModel, RuntimeOptions, cpu_has_vnni
 from models.core.tokenizer import train_tokenizer
 from tests.tiny_models import reverser, varied
 
@@ -45,9 +45,11 @@ def test_bundle_layout_and_config(repo):
     (bundle,) = discover(out)
     assert bundle.path == out / "tiny-xx-yy" / "1"
     assert (bundle.name, bundle.version, bundle.source_language, bundle.target_language) == ("tiny-xx-yy", 1, "xx", "yy")
-    assert set(bundle.variants) == {"fp32", "int8", "fp16"}
+    assert set(bundle.variants) == {"fp32", "int8", "int8-vnni", "fp16"}
     for name in ("encoder.onnx", "decoder_step.onnx", "encoder.int8.onnx", "decoder_step.int8.onnx",
-                 "decoder_inplace.onnx", "decoder_inplace.int8.onnx", "tokenizer.json", "config.json", "MODEL_CARD.md", "README.md"):
+                 "decoder_inplace.onnx", "decoder_inplace.int8.onnx", "encoder.int8-vnni.onnx",
+                 "decoder_step.int8-vnni.onnx", "decoder_inplace.int8-vnni.onnx", "weights.int8.bin",
+                 "tokenizer.json", "config.json", "MODEL_CARD.md", "README.md"):
         assert (bundle.path / name).exists(), name
     config = json.loads((bundle.path / "config.json").read_text())
     assert config["model"] == model.cfg.to_dict() and config["opset"] == graphs.OPSET
@@ -66,6 +68,11 @@ def test_bundle_layout_and_config(repo):
     # library's newest, 14, made onnxruntime-gpu refuse the standard-op graph at load).
     for graph in bundle.path.glob("*.onnx"):
         assert onnx.load(graph, load_external_data=False).ir_version <= 13, graph.name
+    # both int8 variants' matrices in one file; their fp32 tensors are fp32's own bytes
+    assert config["variants"]["int8"]["weights"] == config["variants"]["int8-vnni"]["weights"] == "weights.int8.bin"
+    int8_graph = onnx.load(bundle.path / "decoder_inplace.int8.onnx", load_external_data=False)
+    places = {e.value for i in int8_graph.graph.initializer for e in i.external_data if e.key == "location"}
+    assert places == {"weights.bin", "weights.int8.bin"}
     # fp16 in place throughout (GQA's CUDA kernels are fp16): the cache it binds is fp16 too
     assert config["variants"]["fp16"]["decoder_inplace"] == "decoder_inplace.fp16.onnx"
 
@@ -114,24 +121,35 @@ def test_int8_graphs_stay_close(repo):
     assert 0 < max(logits) < INT8_BOUND < INT8_LOGIT_TOLERANCE
 
 
-def test_int8_decodes_the_fp32_tokens(repo):
+def int8_model(out, weights: str) -> OnnxModel:
+    """The int8 variant with 7- or 8-bit weights (8: int8-vnni, exact on a CPU with VNNI only)."""
+    if weights == "8" and not cpu_has_vnni():
+        pytest.skip("8-bit weights are served only on a CPU with VNNI, and this one has none")
+    return OnnxModel(load_bundle(out / "tiny-xx-yy" / "1"),
+                     RuntimeOptions(variant="int8", provider="cpu", int8_weights=weights))
+
+
+@pytest.mark.parametrize("weights", ["7", "8"])
+def test_int8_decodes_the_fp32_tokens(repo, weights):
     """int8 greedy = PyTorch greedy on nearly every row of varied decodes (188/200 measured; a weight
     scale stored 10% off gave 131/200 and logits off by 1.35)."""
     model, out = repo
-    int8 = OnnxModel(load_bundle(out / "tiny-xx-yy" / "1"), RuntimeOptions(variant="int8", provider="cpu"))
+    int8 = int8_model(out, weights)
+    assert int8.variant == {"7": "int8", "8": "int8-vnni"}[weights]
     rng = np.random.default_rng(0)
     sources = [list(rng.integers(4, model.cfg.vocab_size, rng.integers(1, 12))) + [2] for _ in range(200)]
     result = token_parity(model, int8, sources)
     assert varied(result.torch_ids) and result.identical >= 0.9 * result.sentences, result.identical
 
 
-def test_int8_rows_do_not_depend_on_their_batch(repo):
+@pytest.mark.parametrize("weights", ["7", "8"])
+def test_int8_rows_do_not_depend_on_their_batch(repo, weights):
     """Activations are quantised per row: a row's logits alone equal its logits among others.
 
     (ONNX Runtime's quantize_dynamic scales a whole batch's activations together: its rows'
     logits moved by ~1e-2 with the company they kept, and tokens changed with it.)"""
     model, out = repo
-    int8 = OnnxModel(load_bundle(out / "tiny-xx-yy" / "1"), RuntimeOptions(variant="int8", provider="cpu"))
+    int8 = int8_model(out, weights)
     names = inplace.io_names(model.cfg.n_dec_layers)[0]
     feeds = [x.numpy() for x in inplace.example_inputs(model, batch=5, capacity=9, src_capacity=7, seed=3)]
     together = int8.inplace.run(["logits"], dict(zip(names, feeds)))[0]
@@ -245,30 +263,36 @@ def test_int8_refuses_a_graph_whose_operators_change_meaning_at_opset_21(tmp_pat
     assert not (tmp_path / "new.onnx").exists()
 
 
-def test_int8_weights_use_seven_bits(repo):
-    """Every int8 weight of every int8 graph lies in -63..63: with 8-bit weights a CPU without VNNI
-    (AVX2's vpmaddubsw adds product pairs into a saturating int16) computed wrong products."""
+@pytest.mark.parametrize("variant, levels", [("int8", 63), ("int8-vnni", 127)])
+def test_int8_weights_use_seven_bits_and_eight_for_vnni(repo, variant, levels):
+    """Every weight of every int8 graph lies in -63..63: with 8-bit weights a CPU without VNNI (AVX2's
+    vpmaddubsw adds product pairs into a saturating int16) computed wrong products. The int8-vnni graphs,
+    for CPUs that sum them in int32, use the whole -127..127 (each column reaches its end)."""
     import onnx
     from onnx import numpy_helper
     _, out = repo
     bundle = out / "tiny-xx-yy" / "1"
-    for graph in sorted(bundle.glob("*.int8.onnx")):
+    for graph in sorted(bundle.glob(f"*.{variant}.onnx")):
         model = onnx.load(str(graph))  # external data too: weights.int8.bin
         weights = [numpy_helper.to_array(i) for i in model.graph.initializer if i.data_type == onnx.TensorProto.INT8]
         assert weights, graph.name
-        assert max(int(np.abs(w.astype(np.int32)).max()) for w in weights) <= 63, graph.name
+        assert max(int(np.abs(w.astype(np.int32)).max()) for w in weights) == levels, graph.name
 
 
-def test_int8_product_is_exact_at_the_extremes(tmp_path):
+@pytest.mark.parametrize("bits", [7, 8])
+def test_int8_product_is_exact_at_the_extremes(tmp_path, bits):
     """One quantised product at its largest pairs (every activation at the top of its row's range,
     every weight at its column's): ONNX Runtime's result equals the same quantisation done exactly in
-    numpy, on whatever CPU runs this (8-bit weights saturated on AVX2: off by thousands here)."""
+    numpy, on whatever CPU runs this for 7-bit weights (8-bit saturated on AVX2: off by thousands here),
+    and for 8-bit on a CPU with VNNI, the only kind int8-vnni is served on."""
     import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    from export.quantize import WEIGHT_LEVELS, quantize_rowwise
-    from models.core.runtime import RuntimeOptions, session_options, use_shared_pool
+    from export.quantize import quantize_rowwise, weight_levels
+    from models.core.runtime import RuntimeOptions, cpu_has_vnni, session_options, use_shared_pool
+    if bits == 8 and not cpu_has_vnni():
+        pytest.skip("8-bit weights are exact only with VNNI, and this CPU has none")
     k, n = 256, 16
     w = np.where(np.arange(n) % 2 == 0, 1.0, -1.0)[None, :].repeat(k, 0).astype(np.float32)  # (K, N) at +-max
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "one",
@@ -277,7 +301,7 @@ def test_int8_product_is_exact_at_the_extremes(tmp_path):
                               initializer=[numpy_helper.from_array(w, "w")])
     src, dst = tmp_path / "fp32.onnx", tmp_path / "int8.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(src))
-    assert quantize_rowwise(src, dst) == 1
+    assert quantize_rowwise(src, dst, bits) == 1
     x = np.full((3, k), 2.5, np.float32)
     x[1] = -x[1]
     x[2, ::2] = -2.5  # a row whose pairs cancel: saturation shows as a non-zero sum
@@ -285,7 +309,7 @@ def test_int8_product_is_exact_at_the_extremes(tmp_path):
     got = ort.InferenceSession(str(dst), options, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     s = np.abs(x).max(axis=1, keepdims=True) / 127.0
     q = np.round(x / s).astype(np.int64)  # the activation minus its zero point, -127..127
-    w_scale = np.abs(w).max(axis=0) / WEIGHT_LEVELS
+    w_scale = np.abs(w).max(axis=0) / weight_levels(bits)
     w_q = np.round(w / w_scale).astype(np.int64)
     want = (q @ w_q) * w_scale * s
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-3)

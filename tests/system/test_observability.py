@@ -264,6 +264,18 @@ def test_process_and_build_info_metrics(served):
         {"model": name, "__value__": 1024.0} for name in SHIPPED]
 
 
+@pytest.mark.parametrize("weights", ["auto", "7"])
+def test_model_info_names_the_int8_weights_served(weights):
+    """--variant int8 runs the bundle's 8-bit graphs (int8-vnni) on a CPU with VNNI, its 7-bit ones elsewhere
+    or when told (--int8-weights 7); nmt_model_info says which, from the engine core that loaded them."""
+    from models.core.runtime import cpu_has_vnni
+    want = "int8-vnni" if weights == "auto" and cpu_has_vnni() else "int8"
+    with ServerProcess("--variant", "int8", "--int8-weights", weights) as server:
+        with urllib.request.urlopen(server.metrics_url, timeout=10) as r:
+            exported = samples(r.read().decode())
+    assert {m["variant"] for m in exported["nmt_model_info"]} == {want}
+
+
 def test_a_blocked_event_loop_shows_in_the_loop_lag_histogram():
     """nmt_event_loop_lag_seconds: while the loop is blocked for 0.4 s, its 0.1 s timer comes due and
     runs at least 0.3 s late, so one more observation lands above 0.256 s (the engine's own latency

@@ -28,7 +28,7 @@ def test_every_message_round_trips():
     events = wire.Events([wire.Tokens(5, [4, 5]), wire.Finished(5, [([4, 5, 2], -1.5, True)], "eos", 3,
                                                                   (1.0, 2.0, 3.0, 2.5)),
                           wire.Failed(6, "DEADLINE_EXCEEDED", "late"), wire.Embedded(7, b"\0\0\0\0")])
-    for msg in [wire.Ready([wire.ModelFacts("m", "CPUExecutionProvider", 64)], 123), wire.Accepted(1),
+    for msg in [wire.Ready([wire.ModelFacts("m", "CPUExecutionProvider", 64, "int8-vnni")], 123), wire.Accepted(1),
                 wire.Refused(1, "RESOURCE_EXHAUSTED", "full"), events, wire.MetricsText(2, "# text")]:
         assert wire.to_frontend(wire.encode(msg)) == msg
 
@@ -218,3 +218,9 @@ def test_the_cuda_provider_is_given_its_device():
     assert with_device(["CUDAExecutionProvider", "CPUExecutionProvider"], 2) == [
         ("CUDAExecutionProvider", {"device_id": "2"}), "CPUExecutionProvider"]
     assert with_device(["CPUExecutionProvider"], 2) == ["CPUExecutionProvider"]
+
+
+def test_int8_weights_setting_is_checked():
+    from server.config import ServerConfig
+    assert not ServerConfig(variant="int8", int8_weights="7").problems()
+    assert any("--int8-weights must be auto, 7 or 8" in p for p in ServerConfig(int8_weights="eight").problems())

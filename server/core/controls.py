@@ -22,7 +22,7 @@ def step_controls(running: list, rows: int, rules: GenerationRules) -> RowContro
     c = RowControls.greedy(rows)
     force_eos, eos_id = rules.force_eos_at_limit, rules.eos_id
     ctl: list[tuple] = []  # (slot, penalty, n-gram size, no unk, no EOS yet): set in one pass at the end
-    boosts: list[tuple[int, list[int]]] = []  # glossary terms pending: (slot, their first tokens)
+    boosts: list[tuple[int, list[int], float]] = []  # glossary terms pending: (slot, their first tokens, bonus)
     for state in running:
         if state.plain:
             continue
@@ -42,7 +42,9 @@ def step_controls(running: list, rows: int, rules: GenerationRules) -> RowContro
                     if tok >= 0:
                         c.forced[slot] = tok
                     elif progress.pending:
-                        boosts.append((slot, state.terms.boosted(progress)))
+                        produced = state.step - n_forced - n_prefix
+                        boosts.append((slot, state.terms.boosted(progress),
+                                       TERMS.bonus_after(produced, len(job.src_ids))))
             if p.controlled:  # the histories are the slot cache's (each row's inputs so far)
                 row = (p.repetition_penalty, p.no_repeat_ngram_size, p.no_unknown_token,
                        state.step - n_forced - n_prefix < p.min_output_tokens)
@@ -73,14 +75,15 @@ def step_controls(running: list, rows: int, rules: GenerationRules) -> RowContro
                     SAMPLE, p.temperature, p.top_k, p.top_p
                 c.noise[slot] = state.rngs[i].random()  # one draw per row and step: batch-invariant
             if state.terms is not None and c.forced[slot] < 0 and state.progress[i].pending:
-                boosts.append((slot, state.terms.boosted(state.progress[i])))
+                boosts.append((slot, state.terms.boosted(state.progress[i]),
+                               TERMS.bonus_after(produced, len(job.src_ids))))
     if ctl:
         slots, penalty, ngram, unk, eos = zip(*ctl)
         slots = list(slots)
         c.penalty[slots], c.no_repeat[slots], c.ban_unk[slots], c.ban_eos[slots] = penalty, ngram, unk, eos
     if boosts:
-        c.boost = np.full((rows, max(len(t) for _, t in boosts)), -1, np.int64)
-        for slot, tokens in boosts:
+        c.boost = np.full((rows, max(len(t) for _, t, _ in boosts)), -1, np.int64)
+        for slot, tokens, bonus in boosts:
             c.boost[slot, :len(tokens)] = tokens
-        c.boost_value[[slot for slot, _ in boosts]] = TERMS.bonus
+            c.boost_value[slot] = bonus
     return c

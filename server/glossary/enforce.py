@@ -52,6 +52,16 @@ class Settings:
     # With terms pending at the end: "on" (greedy/sampling rows write the pending terms before the ending
     # they chose; beam rows may not end), or "off" (the row ends; the terms are missed).
     at_eos: str = "on"
+    # The bonus grows by `ramp` for each token the row writes past `ramp_from` x its source's length while
+    # terms are pending: the nearer the sentence is to its end, the more a pending term is pushed into a
+    # place the model still finds plausible, before the end insertion would put it before the full stop.
+    ramp: float = 0.0
+    ramp_from: float = 0.5
+
+    def bonus_after(self, produced: int, source_len: int) -> float:
+        """The bonus for a row with terms pending that has written `produced` tokens of a source of
+        `source_len`."""
+        return self.bonus + self.ramp * max(0.0, produced - self.ramp_from * source_len)
 
 
 SETTINGS = Settings()

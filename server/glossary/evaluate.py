@@ -16,7 +16,8 @@ So every term occurs in its source sentence and its translation is the reference
 covered when the output shows it as whole words (server/glossary/matching.py `appears`).
 
 Configurations: `none` (no glossary), `force` (a term begun by the model is completed, no bonus,
-ends allowed), `bonusN` (force + a bonus of N on pending terms' first tokens), `chosen` (the
+ends allowed), `bonusN` (force + a bonus of N on pending terms' first tokens; `+eos` adds the end
+insertion, `+rampR` grows the bonus by R per token past `+fromF` x the source's length), `chosen` (the
 server's settings, server/glossary/enforce.py SETTINGS), `placeholder` (the simplest baseline: each
 source term replaced by a placeholder the document pipeline takes out and puts back by word
 position, then the placeholder replaced by the target term). Decoding runs in this process, on
@@ -161,6 +162,13 @@ def placeholder_inputs(sentences, glossaries):
     return out
 
 
+def saved_into(settings, saved) -> None:
+    """Put the saved values back into the settings object the engine reads (the same object: controls.py
+    imported it by name)."""
+    for f in dataclasses.fields(saved):
+        setattr(settings, f.name, getattr(saved, f.name))
+
+
 def evaluate(pair: str, split: str, modes: list[str], configs: list[str], limit: int = 0) -> list[dict]:
     import sacrebleu
     from server.glossary import enforce
@@ -189,14 +197,17 @@ def evaluate(pair: str, split: str, modes: list[str], configs: list[str], limit:
                     outputs.append(text)
                 ids = None
             else:
-                name = config.split("+")[0]
-                if name != "chosen":  # force[+eos] / bonusN[+eos]
-                    enforce.SETTINGS.bonus = 0.0 if name == "force" else float(name[5:])
-                    enforce.SETTINGS.at_eos = "on" if config.endswith("+eos") else "off"
+                parts = config.split("+")
+                if parts[0] != "chosen":  # force / bonusN, then +eos, +rampR, +fromF in any order
+                    enforce.SETTINGS.bonus = 0.0 if parts[0] == "force" else float(parts[0][5:])
+                    enforce.SETTINGS.at_eos = "on" if "eos" in parts else "off"
+                    enforce.SETTINGS.ramp = next((float(x[4:]) for x in parts if x.startswith("ramp")), 0.0)
+                    enforce.SETTINGS.ramp_from = next((float(x[4:]) for x in parts if x.startswith("from")),
+                                                      saved.ramp_from)
                 try:
                     outputs, ids, seconds = decoder.translate(sources, glossaries, beam)
                 finally:
-                    enforce.SETTINGS.bonus, enforce.SETTINGS.at_eos = saved.bonus, saved.at_eos
+                    saved_into(enforce.SETTINGS, saved)
             terms = [(t, out) for out, entries in zip(outputs, glossaries) for _, t in entries]
             covered = sum(appears(t, out) for t, out in terms)
             without = [i for i, g in enumerate(glossaries) if not g]

@@ -28,7 +28,8 @@ RADLER = (((90, 91),), (), ("Radler",))
 def settings():
     saved = dataclasses.replace(enforce.SETTINGS)
     yield enforce.SETTINGS
-    enforce.SETTINGS.bonus, enforce.SETTINGS.at_eos = saved.bonus, saved.at_eos
+    for f in dataclasses.fields(saved):
+        setattr(enforce.SETTINGS, f.name, getattr(saved, f.name))
 
 
 def text(tokens) -> str:
@@ -99,6 +100,14 @@ def test_the_bonus_is_per_row_and_batch_invariant():
 # -- whole jobs ----------------------------------------------------------------------------------
 def bench(**kw) -> Bench:
     return Bench(rules=GenerationRules(EOS, start_id=BOS, pieces=PIECES), **kw)
+
+
+def test_the_bonus_ramp_grows_with_the_row_past_its_start(settings):
+    """Off by default (measured on val, docs/glossaries.md); set, a row's bonus grows per token written
+    past ramp_from x its source length, and nothing before."""
+    assert settings.ramp == 0.0 and settings.bonus_after(40, 10) == settings.bonus
+    settings.bonus, settings.ramp, settings.ramp_from = 1.0, 0.25, 0.8
+    assert settings.bonus_after(8, 10) == 1.0 and settings.bonus_after(12, 10) == pytest.approx(2.0)
 
 
 def test_greedy_beam_and_sampling_write_the_terms(settings):

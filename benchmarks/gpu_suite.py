@@ -123,7 +123,7 @@ def plan(args, out: Path, facts: dict) -> list[Step]:
         # Served fp16 in place was 5x slower than fp32 on an H200 while the same graph in gpu_static was not:
         # the step alone at both cache shapes, and where ONNX Runtime placed its nodes.
         Step("ops-inplace", [*py, "benchmarks.studies.inplace_device", "--provider", args.provider]
-             + (["--variants", "fp32", "--rows", "8", "--server-shape", "32,65"] if quick else []),
+             + (["--variants", "fp32", "--rows", "8", "--server-shape", "32,65,64"] if quick else []),
              ["ops-inplace.log"], 300, no_cuda),
         Step("ops-attention", [*py, "benchmarks.studies.attention_ops", "--provider", args.provider,
                                "--dtype", "fp16" if cuda else "fp32"] + (["--capacity", "64"] if quick else []),

@@ -7,7 +7,8 @@ step (decoder_inplace.fp16.onnx, GroupQueryAttention over an fp16 slot cache in 
 ~2,400 tokens/s from 32 to 256 streams with 89% of the time inside ONNX Runtime, while the same graph in
 the static benchmark (a cache sized to the batch and to 33 positions) did 12,205 at batch 32, and fp32's
 standard-op step served 11,260. What differs is the cache's shape: the server's holds 256 slots of 257
-positions. This study times InPlaceStep.run alone for each variant at both shapes, so one GPU call says
+target and 512 source positions (the shipped model's limit), the static benchmark's a batch of 33 and the
+batch's longest source. This study times InPlaceStep.run alone for each variant at both shapes, so one GPU call says
 whether the slow step follows the capacity, the slots or the variant, and lists the nodes ONNX Runtime
 did not place on the provider (a node on the CPU in a device graph moves its inputs across the bus
 every step), from the session's own verbose log.
@@ -34,7 +35,7 @@ SOURCE_LEN = 16
 STEPS = 24
 
 
-def step_ms(model: OnnxModel, rows: int, slots: int, max_target: int) -> float:
+def step_ms(model: OnnxModel, rows: int, slots: int, max_target: int, max_source: int = SOURCE_LEN) -> float:
     """Median wall time of one step with `rows` running rows, over STEPS steps after 4 warm-up steps."""
     rng = np.random.default_rng(0)
     spec = model.spec
@@ -42,7 +43,7 @@ def step_ms(model: OnnxModel, rows: int, slots: int, max_target: int) -> float:
     mask = np.ones_like(src, dtype=bool)
     _, cross_k, cross_v = model.encode(src, mask)
     cross_k, cross_v = as_device_array(cross_k), as_device_array(cross_v)
-    cache = SlotCache(spec, slots, SOURCE_LEN, max_target, model.cache_dtype, model.cache_device)
+    cache = SlotCache(spec, slots, max_source, max_target, model.cache_dtype, model.cache_device)
     for i in range(rows):
         cache.allocate(cross_k[:, i], cross_v[:, i], mask[i], 1, spec.bos_id)
     runner = InPlaceStep(model.inplace, cache, spec.out_vocab_size)
@@ -88,26 +89,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", default="fp32,fp16", help="variants of the bundle to time (those it has)")
     p.add_argument("--rows", default="32,256", help="running rows per step")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: ONNX Runtime's default)")
-    p.add_argument("--server-shape", default="256,257", help="slots,positions of the server's cache (its defaults)")
+    p.add_argument("--server-shape", default="256,257,512",
+                   help="slots,target positions,source positions of the server's cache (the shipped model's, "
+                        "at the server's defaults)")
     args = p.parse_args(argv)
     bundle = load_bundle(Path(args.bundle))
-    slots, positions = (int(x) for x in args.server_shape.split(","))
+    slots, positions, sources = (int(x) for x in args.server_shape.split(","))
     print(f"in-place step alone, {args.provider}, {bundle.name} v{bundle.version}; ms per step (median of {STEPS})")
-    print("| variant | rows | static shape (rows slots, 33 positions) | server shape "
-          f"({slots} slots, {positions} positions) | {slots} slots, 33 positions |")
-    print("|---|---|---|---|---|")
+    print(f"| variant | rows | static shape (rows slots, 33 positions, {SOURCE_LEN} source positions) | server shape "
+          f"({slots} slots, {positions} positions, {sources} source positions) | {slots} slots, 33 positions, "
+          f"{SOURCE_LEN} source | {slots} slots, 33 positions, {sources} source |")
+    print("|---|---|---|---|---|---|")
     for variant in args.variants.split(","):
         if variant not in bundle.variants:
-            print(f"| {variant} | - | not in the bundle | | |")
+            print(f"| {variant} | - | not in the bundle | | | |")
             continue
         model = OnnxModel(bundle, RuntimeOptions(variant=variant, provider=args.provider, decoder="auto",
                                                     intra_op_threads=args.threads))
         if model.inplace is None:
-            print(f"| {variant} | - | no in-place step here (CuPy missing?) | | |")
+            print(f"| {variant} | - | no in-place step here (CuPy missing?) | | | |")
             continue
         for rows in (int(r) for r in args.rows.split(",")):
-            cells = [step_ms(model, rows, rows, 33), step_ms(model, rows, max(slots, rows), positions),
-                     step_ms(model, rows, max(slots, rows), 33)]
+            wide = max(slots, rows)
+            cells = [step_ms(model, rows, rows, 33), step_ms(model, rows, wide, positions, sources),
+                     step_ms(model, rows, wide, 33), step_ms(model, rows, wide, 33, sources)]
             print(f"| {variant} | {rows} | " + " | ".join(f"{c:.2f}" for c in cells) + " |", flush=True)
     for variant in args.variants.split(","):
         if variant in bundle.variants:

@@ -7,8 +7,8 @@ step (decoder_inplace.fp16.onnx, GroupQueryAttention over an fp16 slot cache in 
 ~2,400 tokens/s from 32 to 256 streams with 89% of the time inside ONNX Runtime, while the same graph in
 the static benchmark (a cache sized to the batch and to 33 positions) did 12,205 at batch 32, and fp32's
 standard-op step served 11,260. What differs is the cache's shape: the server's holds 256 slots of 257
-target and 512 source positions (the shipped model's limit), the static benchmark's a batch of 33 and the
-batch's longest source. This study times InPlaceStep.run alone for each variant at both shapes, so one GPU call says
+target and 256 source positions (the server's --max-source-tokens default), the static benchmark's a batch of
+33 and the batch's longest source. This study times InPlaceStep.run alone for each variant at both shapes, so one GPU call says
 whether the slow step follows the capacity, the slots or the variant, and lists the nodes ONNX Runtime
 did not place on the provider (a node on the CPU in a device graph moves its inputs across the bus
 every step), from the session's own verbose log.
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", default="fp32,fp16", help="variants of the bundle to time (those it has)")
     p.add_argument("--rows", default="32,256", help="running rows per step")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: ONNX Runtime's default)")
-    p.add_argument("--server-shape", default="256,257,512",
+    p.add_argument("--server-shape", default="256,257,256",
                    help="slots,target positions,source positions of the server's cache (the shipped model's, "
                         "at the server's defaults)")
     args = p.parse_args(argv)

@@ -14,6 +14,8 @@ both to the same memory (ONNX Runtime IO binding by pointer):
              src_len               int64 (batch,)       real source positions of each row
              past_key_{l}, past_value_{l}      float (batch, heads, capacity, head_dim)
              cross_key_{l}, cross_value_{l}    float (batch, heads, src_capacity, head_dim)
+             cross_last_key_{l}, cross_last_value_{l}  float (batch, 1, heads * head_dim)
+                                   each row's last real source key/value (the slot cache keeps them)
     outputs  logits                float (batch, 1, vocab)
              present_key_{l}, present_value_{l}, present_cross_key_{l}, present_cross_value_{l}
                                    the same tensors as the inputs above; bind them to the same memory
@@ -29,9 +31,11 @@ is each row's own position.
 
 Cross-attention uses the same op over the cross buffers with
 `seqlens_k = src_len - 1` and, as the "new" key/value, the row's own last
-source key/value read back from the buffer: the op rewrites an identical value
-and attends over exactly the row's real source positions, with no mask, no
-copy and no work on the padding up to src_capacity.
+source key/value (cross_last_*, written once when the row starts): the op
+rewrites an identical value and attends over exactly the row's real source
+positions, with no mask, no copy and no work on the padding up to src_capacity.
+(Read back from the buffer inside the graph instead, the gather and its shape
+plumbing were 40 of the step's 197 nodes: docs/serving_speed.md.)
 
 Layers are separate inputs because slicing a stacked (L, ...) input inside the
 graph would copy it and lose the aliasing. One new token per row: the op
@@ -60,9 +64,14 @@ def cache_names(layers: int) -> tuple[list[str], list[str]]:
     return inputs, outputs
 
 
+def last_names(layers: int) -> list[str]:
+    """Per-layer inputs of each row's last source key/value, in graph order (after the caches)."""
+    return [f"cross_last_{kind}_{l}" for l in range(layers) for kind in ("key", "value")]
+
+
 def io_names(layers: int) -> tuple[list[str], list[str]]:
     cache_in, cache_out = cache_names(layers)
-    return ["tokens", "positions", "total_len", "src_len", *cache_in], ["logits", *cache_out]
+    return ["tokens", "positions", "total_len", "src_len", *cache_in, *last_names(layers)], ["logits", *cache_out]
 
 
 def io_axes(layers: int) -> dict[str, dict[int, str]]:
@@ -70,6 +79,8 @@ def io_axes(layers: int) -> dict[str, dict[int, str]]:
     axes = {"tokens": {0: "batch"}, "positions": {0: "batch"}, "src_len": {0: "batch"}, "logits": {0: "batch"}}
     for name in cache_in + cache_out:
         axes[name] = {0: "batch", 2: "src_capacity" if "cross" in name else "capacity"}
+    for name in last_names(layers):
+        axes[name] = {0: "batch"}
     return axes
 
 
@@ -116,15 +127,15 @@ class InPlaceDecoderStep(nn.Module):
             raise ValueError(f"attention {model.cfg.attention!r} has no in-place form (dot only)")
         self.model = model
 
-    def forward(self, tokens: Tensor, positions: Tensor, total_len: Tensor, src_len: Tensor, *caches: Tensor):
+    def forward(self, tokens: Tensor, positions: Tensor, total_len: Tensor, src_len: Tensor, *inputs: Tensor):
         m, heads = self.model, self.model.cfg.n_heads
-        b = tokens.shape[0]
+        layers = m.cfg.n_dec_layers
+        caches, lasts = inputs[:4 * layers], inputs[4 * layers:]
         x = m._embed(m.tgt_embed, tokens, positions)  # (B, 1, D)
         seqlens = positions.reshape(-1).to(torch.int32)  # (B,)
         last_src = (src_len - 1).to(torch.int32)  # (B,)
         # The op needs total != 1 for the cross buffers (1 means "first prompt": write at 0).
         src_total = torch._shape_as_tensor(caches[2])[2].to(torch.int32)
-        gather_at = (src_len - 1).view(b, 1, 1, 1)
         presents = []
         for i, layer in enumerate(m.decoder):
             past_k, past_v, cross_k, cross_v = caches[4 * i:4 * i + 4]
@@ -136,9 +147,7 @@ class InPlaceDecoderStep(nn.Module):
             x = x + a if layer.pre_norm else layer.norm1(x + a)
 
             h = layer.norm2(x) if layer.pre_norm else x
-            idx = gather_at.expand(b, cross_k.shape[1], 1, cross_k.shape[3])  # (B, H, 1, Dh)
-            last_k = cross_k.gather(2, idx).transpose(1, 2).reshape(b, 1, -1)  # (B, 1, D)
-            last_v = cross_v.gather(2, idx).transpose(1, 2).reshape(b, 1, -1)
+            last_k, last_v = lasts[2 * i:2 * i + 2]  # (B, 1, D)
             a, ck, cv = GroupQueryAttention.apply(ca.q_proj(h), last_k, last_v, cross_k, cross_v,
                                                   last_src, src_total, heads)
             a = ca.out_proj(a)
@@ -164,7 +173,12 @@ def example_inputs(model: Transformer, batch: int = 3, capacity: int = 8, src_ca
         for cap in (capacity, capacity, src_capacity, src_capacity):
             caches.append(torch.randn(batch, cfg.n_heads, cap, cfg.head_dim, generator=g))
     total = (ages.max() + 1).to(torch.int32)
-    return (tokens, ages[:, None], total, src_len, *caches)
+    lasts = []  # each row's last real source entry, as the slot cache keeps it: (B, 1, H * Dh)
+    for layer in range(cfg.n_dec_layers):
+        for cross in caches[4 * layer + 2:4 * layer + 4]:
+            last = cross[torch.arange(batch), :, src_len - 1]  # (B, H, Dh)
+            lasts.append(last.reshape(batch, 1, -1).contiguous())
+    return (tokens, ages[:, None], total, src_len, *caches, *lasts)
 
 
 def export_inplace(model: Transformer, path: Path, opset: int) -> Path:

@@ -52,6 +52,7 @@ class InPlaceStep:
         self.on_device = cache.device != "cpu"
         # decoder_inplace.std.onnx only reads the cross buffers: it has no present_cross_* to bind
         self.outputs = {o.name for o in session.get_outputs()}
+        self.inputs = {i.name for i in session.get_inputs()}
         self._bindings: dict[int, ort.IOBinding] = {}  # running rows -> their binding
 
     def _bind_host_inputs(self, binding: ort.IOBinding, b: int) -> None:
@@ -76,6 +77,10 @@ class InPlaceStep:
                 _bind(binding, f"{name}_{layer}", view)
                 if f"{out}_{layer}" in self.outputs:
                     _bind(binding, f"{out}_{layer}", view, output=True)
+            # Graphs exported before the rows' last source entries were inputs gather them themselves.
+            for name, buffer in (("cross_last_key", c.cross_last_k), ("cross_last_value", c.cross_last_v)):
+                if f"{name}_{layer}" in self.inputs:
+                    _bind(binding, f"{name}_{layer}", buffer[layer, :b])  # (B, 1, H*Dh)
         _bind(binding, "logits", self.logits[:b], output=True)
         return binding
 

@@ -95,6 +95,10 @@ class SlotCache:
         self.v = zeros(self.k.shape)
         self.cross_k = zeros((L, slots, H, max_source, Dh))  # (L, N, H, S, Dh)
         self.cross_v = zeros(self.cross_k.shape)
+        # Each row's last real source key/value, heads side by side: the in-place step's cross-attention takes
+        # it as the "new" entry it rewrites (export/inplace.py); kept here, not gathered by the graph each step.
+        self.cross_last_k = zeros((L, slots, 1, H * Dh))  # (L, N, 1, H*Dh)
+        self.cross_last_v = zeros(self.cross_last_k.shape)
         self.src_mask = np.zeros((slots, max_source), dtype=bool)
         self.src_len = np.zeros(slots, dtype=np.int64)
         self.length = np.zeros(slots, dtype=np.int64)
@@ -140,6 +144,8 @@ class SlotCache:
             slot = len(self.rows)
             self.cross_k[:, slot, :, :s] = cross_k[:, :, :s]
             self.cross_v[:, slot, :, :s] = cross_v[:, :, :s]
+            self.cross_last_k[:, slot, 0] = cross_k[:, :, s - 1].reshape(len(cross_k), -1)  # (L, H*Dh)
+            self.cross_last_v[:, slot, 0] = cross_v[:, :, s - 1].reshape(len(cross_v), -1)
             self.src_mask[slot] = False
             self.src_mask[slot, :s] = True
             self.src_len[slot] = s
@@ -209,6 +215,8 @@ class SlotCache:
         self.v[:, dst, :, :n] = self.v[:, src, :, :n]
         self.cross_k[:, dst, :, :s] = self.cross_k[:, src, :, :s]
         self.cross_v[:, dst, :, :s] = self.cross_v[:, src, :, :s]
+        self.cross_last_k[:, dst] = self.cross_last_k[:, src]
+        self.cross_last_v[:, dst] = self.cross_last_v[:, src]
         self.src_mask[dst] = self.src_mask[src]
         self.src_len[dst], self.length[dst] = s, n
         self.inputs[dst, :n] = self.inputs[src, :n]

@@ -173,11 +173,21 @@ class ScriptedInPlace:
         return [SimpleNamespace(name=n) for n in ["logits", *(f"{k}_{layer}" for layer in range(SPEC.n_dec_layers)
                                                                 for k in kinds)]]
 
+    def get_inputs(self) -> list:  # the graph's (export/inplace.py io_names), each row's last source entry included
+        layers = range(SPEC.n_dec_layers)
+        caches = [f"{k}_{i}" for i in layers for k in ("past_key", "past_value", "cross_key", "cross_value")]
+        lasts = [f"cross_last_{k}_{i}" for i in layers for k in ("key", "value")]
+        return [SimpleNamespace(name=n) for n in ["tokens", "positions", "total_len", "src_len", *caches, *lasts]]
+
     def run_with_iobinding(self, binding: _Binding) -> None:
         a = binding.arrays
         self.runs += 1
         tokens, pos, src_len = a["tokens"][:, 0], a["positions"][:, 0], a["src_len"]
         assert int(a["total_len"]) == pos.max() + 1
+        for layer in range(SPEC.n_dec_layers):  # the slot cache kept each row's last source key, through moves
+            for i in range(len(tokens)):
+                last = a[f"cross_key_{layer}"][i, :, src_len[i] - 1].reshape(-1)
+                assert (a[f"cross_last_key_{layer}"][i, 0] == last).all()
         for i in range(len(tokens)):
             inputs = (*a["past_key_0"][i, 0, :pos[i], 0], tokens[i])
             a["logits"][i, 0] = self.runtime.logits(a["cross_key_0"][i, 0, :src_len[i], 0], inputs)

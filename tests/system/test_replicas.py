@@ -229,19 +229,23 @@ def test_a_killed_background_replica_costs_only_its_own_calls(start_server):
     interactive stream in the ordinary replica finishes, readiness never leaves SERVING, and background
     work is served again (by the restarted replica, or the ordinary one meanwhile)."""
     srv = start_server(engine_core="process", engine_replicas=1, runaway_guard=False)
-    core, texts = srv.app.core, flickr_sentences(2)
+    core, texts = srv.app.core, flickr_sentences(65)
     with TranslatorClient(srv.target, timeout=120, retries=0) as client, cf.ThreadPoolExecutor(1) as pool, \
             Readiness(srv.target) as seen:
         client.translate(texts[:1], model=MODEL, background=True)  # the background replica is up
         stream = client.translate_stream(texts[0], model=MODEL, **LONG)
         next(iter(stream))  # decoding in the ordinary replica
+        # 64 texts of 250 tokens each, so the kill finds the call decoding: one text took ~0.15 s and once
+        # finished before the kill landed (seen in a fresh-clone CI run); 64 rows take several times that.
+        # Killed once the core has accepted them (a submit the core never answered is retried elsewhere).
+        link = core.background.link
         doomed = pool.submit(client.translate, texts[1:], model=MODEL, background=True, **LONG)
-        assert wait_for(lambda: len(core.background.link.jobs) == 1)
+        assert wait_for(lambda: len(link.jobs) == 64 and not link.submitting)
         os.kill(core.background.pid, signal.SIGKILL)
         with pytest.raises(grpc.RpcError) as lost:
             doomed.result()
         assert lost.value.code() == grpc.StatusCode.UNAVAILABLE
         assert read_to_end(stream)[0] == grpc.StatusCode.OK
-        again = client.translate(texts[1:], model=MODEL, background=True)
+        again = client.translate(texts[1:2], model=MODEL, background=True)
         assert again.translations[0].hypotheses[0].text
     assert seen and set(seen) == {"SERVING"}

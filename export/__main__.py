@@ -174,10 +174,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.int8:
             # Both weight widths from one export: the runtime serves 8-bit where the CPU sums byte products
             # exactly (VNNI), 7-bit elsewhere (export/quantize.py).
+            kinds = [("encoder", "encoder"), ("decoder_step", "decoder")] + \
+                ([("decoder_inplace", "inplace")] if with_inplace else [])
             for variant, bits in (("int8", WEIGHT_BITS), ("int8-vnni", VNNI_WEIGHT_BITS)):
                 print(f"quantizing to {variant} ({bits}-bit weights)", file=sys.stderr)
-                kinds = [("encoder", "encoder"), ("decoder_step", "decoder")] + \
-                    ([("decoder_inplace", "inplace")] if with_inplace else [])
                 variants[variant] = {}
                 for kind, key in kinds:
                     variants[variant][kind] = f"{kind}.{variant}.onnx"
@@ -195,10 +195,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             problems += std_problems
             if not std_problems:
                 variants["fp32"]["decoder_inplace_std"] = "decoder_inplace.std.onnx"
-        # One weights file per variant, but int8-vnni's goes into int8's, after it: the two share every
-        # tensor but the quantised matrices (the fp32 embedding above all), and int8's bytes stay where
-        # they were in bundles exported before int8-vnni.
-        # The int8 graphs' fp32 tensors (the embedding, norms, biases) are fp32's, in weights.bin.
+        # One weights file per variant, written fp32 first, except that int8 and int8-vnni share
+        # weights.int8.bin (their quantised matrices), and their fp32 tensors (the embedding, norms, biases)
+        # point into fp32's weights.bin instead of being stored again.
         by_file: dict[str, list[str]] = {}
         for variant in variants:
             weights = "weights.bin" if variant == "fp32" else f"weights.{variant.split('-')[0]}.bin"
@@ -207,8 +206,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for weights, sharing in by_file.items():
             graph_files = [stage / f for v in sharing for f in variants[v].values()]
             before, after, index = share_weights(graph_files, stage / weights,
-                                                 fp32_index if sharing[0].startswith("int8") else None)
-            fp32_index = index if weights == "weights.bin" else fp32_index
+                                                 fp32_index if weights == "weights.int8.bin" else None)
+            if weights == "weights.bin":
+                fp32_index = index
             for v in sharing:
                 variants[v]["weights"] = weights
             print(f"{', '.join(sharing)}: {len(graph_files)} graphs share {weights}: {before / 2**20:.1f} -> "
@@ -257,7 +257,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             problems += _parity_problems("fp32 standard-op in-place parity", inplace_parity(model, std.inplace))
         if args.int8:
             # int8-vnni's products are exact only on a CPU with VNNI: checked where this export runs on one.
-            for variant in ("int8", "int8-vnni") if cpu_has_vnni() else ("int8",):
+            vnni = cpu_has_vnni()
+            for variant in ("int8", "int8-vnni") if vnni else ("int8",):
                 int8 = OnnxModel(bundle, RuntimeOptions(variant=variant, provider="cpu", int8_weights="7"))
                 worst8 = max((d for d in graph_parity(model, int8) if d.output == "logits"),
                              key=lambda d: d.max_abs_diff)
@@ -265,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if worst8.max_abs_diff > INT8_LOGIT_TOLERANCE:
                     problems.append(f"{variant} logits differ by {worst8.max_abs_diff:.2f} "
                                     f"(sanity bound {INT8_LOGIT_TOLERANCE})")
-            if not cpu_has_vnni():
+            if not vnni:
                 print("int8-vnni not checked: this CPU has no VNNI (its 8-bit products saturate here)", file=sys.stderr)
 
         if problems:

@@ -66,7 +66,6 @@ from onnx import helper, numpy_helper
 ACT_LEVELS = 127  # activations: q - zero point in -127..127
 WEIGHT_BITS = 7  # the int8 variant's, recorded in config.json (int8_weight_bits); exact on every x86 CPU
 VNNI_WEIGHT_BITS = 8  # the int8-vnni variant's: exact only where VNNI (or AMX) sums the byte products in int32
-WEIGHT_LEVELS = (1 << (WEIGHT_BITS - 1)) - 1  # 63
 ZERO_POINT = ACT_LEVELS + 1  # uint8 activations in 1..255
 
 
@@ -79,6 +78,8 @@ def max_k(bits: int) -> int:
     """Longest product whose int32 sum converts to float exactly (K x 127 x levels < 2^24): 2096 for 7-bit
     weights, 1040 for 8-bit; longer products stay fp32."""
     return (1 << 24) // (ACT_LEVELS * weight_levels(bits))
+
+
 OPSET = 21  # blocked QuantizeLinear
 # Operators whose schema changed between opset 13 and 21 only by accepting more types
 # (float8, int4, strings): a graph using nothing else means the same at opset 21.

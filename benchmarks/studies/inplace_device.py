@@ -7,9 +7,10 @@ step (decoder_inplace.fp16.onnx, GroupQueryAttention over an fp16 slot cache in 
 ~2,400 tokens/s from 32 to 256 streams with 89% of the time inside ONNX Runtime, while the same graph in
 the static benchmark (a cache sized to the batch and to 33 positions) did 12,205 at batch 32, and fp32's
 standard-op step served 11,260. What differs is the cache's shape: the server's holds 256 slots of 257
-target and 256 source positions (the server's --max-source-tokens default), the static benchmark's a batch of
-33 and the batch's longest source. This study times InPlaceStep.run alone for each variant at both shapes, so one GPU call says
-whether the slow step follows the capacity, the slots or the variant, and lists the nodes ONNX Runtime
+target and 256 source positions (the server's --max-source-tokens default), the static benchmark's a
+batch of 33 and the batch's longest source. This study times InPlaceStep.run alone for each variant at
+both shapes, so one GPU call says whether the slow step follows the capacity, the slots or the variant,
+and lists the nodes ONNX Runtime
 did not place on the provider (a node on the CPU in a device graph moves its inputs across the bus
 every step), from the session's own verbose log.
 """

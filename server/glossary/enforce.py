@@ -34,7 +34,7 @@ not touched at all (its controls stay the defaults). docs/glossaries.md measures
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Optional, Sequence
 
 import numpy as np
@@ -57,6 +57,11 @@ class Settings:
     # place the model still finds plausible, before the end insertion would put it before the full stop.
     ramp: float = 0.0
     ramp_from: float = 0.5
+
+    def restore(self, saved: "Settings") -> None:
+        """Every field back to `saved`'s, in this object: the engine reads the module's SETTINGS by name."""
+        for f in fields(saved):
+            setattr(self, f.name, getattr(saved, f.name))
 
     def bonus_after(self, produced: int, source_len: int) -> float:
         """The bonus for a row with terms pending that has written `produced` tokens of a source of

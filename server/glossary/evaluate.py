@@ -162,13 +162,6 @@ def placeholder_inputs(sentences, glossaries):
     return out
 
 
-def saved_into(settings, saved) -> None:
-    """Put the saved values back into the settings object the engine reads (the same object: controls.py
-    imported it by name)."""
-    for f in dataclasses.fields(saved):
-        setattr(settings, f.name, getattr(saved, f.name))
-
-
 def evaluate(pair: str, split: str, modes: list[str], configs: list[str], limit: int = 0) -> list[dict]:
     import sacrebleu
     from server.glossary import enforce
@@ -207,7 +200,7 @@ def evaluate(pair: str, split: str, modes: list[str], configs: list[str], limit:
                 try:
                     outputs, ids, seconds = decoder.translate(sources, glossaries, beam)
                 finally:
-                    saved_into(enforce.SETTINGS, saved)
+                    enforce.SETTINGS.restore(saved)
             terms = [(t, out) for out, entries in zip(outputs, glossaries) for _, t in entries]
             covered = sum(appears(t, out) for t, out in terms)
             without = [i for i, g in enumerate(glossaries) if not g]

@@ -28,8 +28,7 @@ RADLER = (((90, 91),), (), ("Radler",))
 def settings():
     saved = dataclasses.replace(enforce.SETTINGS)
     yield enforce.SETTINGS
-    for f in dataclasses.fields(saved):
-        setattr(enforce.SETTINGS, f.name, getattr(saved, f.name))
+    enforce.SETTINGS.restore(saved)
 
 
 def text(tokens) -> str:

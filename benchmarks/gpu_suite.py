@@ -50,7 +50,7 @@ from benchmarks.harness import date_line, machine, machine_line
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = ("device", "test", "static", "ops", "serve-fp32", "serve-fp32-copy", "serve-fp16", "serve-cpu", "frontends",
-         "marian")
+         "marian")  # "ops" and "marian" name families: ops-inplace, ops-graph, marian-static, ...
 
 
 @dataclass
@@ -125,6 +125,10 @@ def plan(args, out: Path, facts: dict) -> list[Step]:
         Step("ops-inplace", [*py, "benchmarks.studies.inplace_device", "--provider", args.provider]
              + (["--variants", "fp32", "--rows", "8", "--server-shape", "32,65,64"] if quick else []),
              ["ops-inplace.log"], 300, no_cuda),
+        # The step replayed as a CUDA graph (one per row count) against launched node by node, fp32 and fp16.
+        Step("ops-graph", [*py, "benchmarks.studies.cuda_graph_step", "--repository", str(fp16_repository)]
+             + (["--rows", "1,8"] if quick else []),
+             ["ops-graph.log"], 300, no_cuda or ("" if cuda else "CUDA graphs are for the CUDA provider"), with_fp16),
         Step("ops-attention", [*py, "benchmarks.studies.attention_ops", "--provider", args.provider,
                                "--dtype", "fp16" if cuda else "fp32"] + (["--capacity", "64"] if quick else []),
              ["ops-attention.log"], 300, no_cuda),
@@ -140,6 +144,12 @@ def plan(args, out: Path, facts: dict) -> list[Step]:
         Step("serve-fp32-copy", [*load, "--provider", args.provider, "--variant", "fp32", "--decoder", "copy",
                                  "--out", str(out / f"copying_step_{args.provider}_fp32.md")],
              [f"copying_step_{args.provider}_fp32.md"], 600, no_cuda or ("" if cuda else "the CPU has no device path")),
+        # The server replays the step as CUDA graphs by default: the same without them, the graphs' baseline.
+        Step("serve-fp32-nographs", [*load, "--provider", args.provider, "--variant", "fp32",
+                                     "--server-flags=--cuda-graphs false",
+                                     "--out", str(out / f"no_cuda_graphs_{args.provider}_fp32.md")],
+             [f"no_cuda_graphs_{args.provider}_fp32.md"], 600,
+             no_cuda or ("" if cuda else "CUDA graphs are for the CUDA provider")),
         Step("serve-fp16", [*load, "--provider", "cuda", "--variant", "fp16", "--repository", str(fp16_repository),
                             "--out", str(out / "serving_cuda_fp16.md")],
              ["serving_cuda_fp16.md"], 600, no_cuda or ("" if cuda else "fp16 is for the CUDA provider"), with_fp16),
@@ -153,21 +163,37 @@ def plan(args, out: Path, facts: dict) -> list[Step]:
                                              "--out", str(out / f"frontends_{n}.md")],
                           [f"frontends_{n}.md"], 600, no_cuda))
     have_torch = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))
-    marian = out / "marian_repository"
+    marian_hf, marian = out / "marian_hf", out / "marian_repository"
+    no_torch = "" if have_torch else "needs torch and transformers to build the model"
 
-    def build_marian() -> None:
+    def build_marian() -> None:  # once, for whichever marian step runs first
+        if (marian / "opus-mt-shaped").exists():
+            return
         from benchmarks.hf_compare import OPUS_MT, build_model
         hf = build_model(Path(tempfile.mkdtemp()))
+        shutil.copytree(hf, marian_hf, dirs_exist_ok=True)
         subprocess.run([*py, "export", "--from-huggingface", str(hf), "--out", str(marian), "--name", "opus-mt-shaped"],
                        cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
         print(f"  built an OPUS-MT-shaped Marian ({OPUS_MT['d_model']}, vocabulary {OPUS_MT['vocab_size']})",
               flush=True)
+    # The imported model's target: served on the device >= 1.3x PyTorch generate with static batches of the
+    # same size. The three figures, same sentences and 32 tokens a row: our static decoding, PyTorch's, served.
+    batches = "8,32" if quick else "1,8,32,128"
+    steps.append(Step("marian-static", [*py, "benchmarks.gpu_static", "--bundle", str(marian / "opus-mt-shaped" / "1"),
+                                        "--runs", "cuda:fp32,cuda:fp16", "--sentences", "128", "--batch-sizes",
+                                        batches, "--out", str(out / "marian_static.md")],
+                      ["marian_static.md", "marian_static.json"], 600, no_cuda or no_torch, build_marian))
+    steps.append(Step("marian-torch", [*py, "benchmarks.studies.marian_generate", "--hf-dir", str(marian_hf),
+                                       "--batch-sizes", batches, "--out", str(out / "marian_torch.md")],
+                      ["marian_torch.md", "marian_torch.json"], 600, no_cuda or no_torch, build_marian))
     # Random weights with EOS never chosen loop by design: the runaway guard would cut them short.
-    steps.append(Step("marian", [*load, "--provider", args.provider, "--variant", "fp32", "--repository", str(marian),
+    # Fewer levels and requests than the shipped model's: every row decodes to the length limit (no EOS).
+    marian_load = [*py, "benchmarks.serving_load", "--concurrency", "8" if quick else "8,32,128", "--requests",
+                   "16" if quick else "128", "--max-seconds", "40", "--repeats", "1", "--stream-intervals", "1",
+                   "--max-batch-size", "128"]
+    steps.append(Step("marian", [*marian_load, "--provider", args.provider, "--variant", "fp32", "--repository", str(marian),
                                  "--server-flags=--runaway-guard false", "--out", str(out / "serving_marian.md")],
-                      ["serving_marian.md"], 600,
-                      no_cuda or ("" if have_torch else "needs torch and transformers to build the model"),
-                      build_marian))
+                      ["serving_marian.md"], 600, no_cuda or no_torch, build_marian))
     return steps
 
 

@@ -62,6 +62,7 @@ class HostedModel:
         keep_freed_memory()
         self.runtime = OnnxModel(bundle, RuntimeOptions(variant=cfg.variant, int8_weights=cfg.int8_weights,
                                                         provider=cfg.provider, decoder=cfg.decoder,
+                                                        cuda_graphs=cfg.cuda_graphs,
                                                         device_id=cfg.devices[0] if cfg.on_cuda else 0,
                                                         intra_op_threads=cfg.engine_threads,
                                                         inter_op_threads=cfg.inter_op_threads,

@@ -10,7 +10,8 @@ standard-op step served 11,260. What differs is the cache's shape: the server's 
 target and 256 source positions (the server's --max-source-tokens default), the static benchmark's a
 batch of 33 and the batch's longest source. This study times InPlaceStep.run alone for each variant at
 both shapes, so one GPU call says whether the slow step follows the capacity, the slots or the variant,
-and lists the nodes ONNX Runtime
+and as the server runs it (rows of different ages, a row count that changes every step: the
+first H200 run of this study found the step alone fast at every shape), and lists the nodes ONNX Runtime
 did not place on the provider (a node on the CPU in a device graph moves its inputs across the bus
 every step), from the session's own verbose log.
 """
@@ -36,8 +37,11 @@ SOURCE_LEN = 16
 STEPS = 24
 
 
-def step_ms(model: OnnxModel, rows: int, slots: int, max_target: int, max_source: int = SOURCE_LEN) -> float:
-    """Median wall time of one step with `rows` running rows, over STEPS steps after 4 warm-up steps."""
+def step_ms(model: OnnxModel, rows: int, slots: int, max_target: int, max_source: int = SOURCE_LEN,
+            mixed: bool = False) -> float:
+    """Median wall time of one step with `rows` running rows, over STEPS steps after 4 warm-up steps.
+    `mixed`: as a server runs them: rows of different ages (0-40 positions) and a row count that changes
+    every step (all rows, then all but 3)."""
     rng = np.random.default_rng(0)
     spec = model.spec
     src = rng.integers(4, spec.vocab_size, (rows, SOURCE_LEN)).astype(np.int64)
@@ -47,9 +51,14 @@ def step_ms(model: OnnxModel, rows: int, slots: int, max_target: int, max_source
     cache = SlotCache(spec, slots, max_source, max_target, model.cache_dtype, model.cache_device)
     for i in range(rows):
         cache.allocate(cross_k[:, i], cross_v[:, i], mask[i], 1, spec.bos_id)
+    if mixed:
+        cache.length[:rows] = rng.integers(0, 40, rows)
+    every = list(cache.rows)
     runner = InPlaceStep(model.inplace, cache, spec.out_vocab_size)
     times = []
     for step in range(4 + STEPS):
+        if mixed:  # the study's own row handling: the hidden rows keep their slots and ages
+            cache.rows = every[:max(1, rows - 3 * (step % 2))]
         for row in cache.rows:
             row.token = 4 + (step % 50)
         t0 = time.perf_counter()
@@ -99,8 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"in-place step alone, {args.provider}, {bundle.name} v{bundle.version}; ms per step (median of {STEPS})")
     print(f"| variant | rows | static shape (rows slots, 33 positions, {SOURCE_LEN} source positions) | server shape "
           f"({slots} slots, {positions} positions, {sources} source positions) | {slots} slots, 33 positions, "
-          f"{SOURCE_LEN} source | {slots} slots, 33 positions, {sources} source |")
-    print("|---|---|---|---|---|---|")
+          f"{SOURCE_LEN} source | {slots} slots, 33 positions, {sources} source | server shape, mixed ages and row "
+          "counts |")
+    print("|---|---|---|---|---|---|---|")
     for variant in args.variants.split(","):
         if variant not in bundle.variants:
             print(f"| {variant} | - | not in the bundle | | | |")
@@ -113,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         for rows in (int(r) for r in args.rows.split(",")):
             wide = max(slots, rows)
             cells = [step_ms(model, rows, rows, 33), step_ms(model, rows, wide, positions, sources),
-                     step_ms(model, rows, wide, 33), step_ms(model, rows, wide, 33, sources)]
+                     step_ms(model, rows, wide, 33), step_ms(model, rows, wide, 33, sources),
+                     step_ms(model, rows, wide, positions, sources, mixed=True)]
             print(f"| {variant} | {rows} | " + " | ".join(f"{c:.2f}" for c in cells) + " |", flush=True)
     for variant in args.variants.split(","):
         if variant in bundle.variants:

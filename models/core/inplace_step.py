@@ -16,6 +16,19 @@ the next run reads. Building one costs about as much as a small step
 row count changes almost every step (py-spy put rebuilding at ~3% of the
 engine thread at 64 streams when only the last binding was kept); at most
 `capacity` bindings exist.
+
+CUDA graphs (`bucketed`). On a device the step is launch-bound: ~180 small
+kernels took 1.2-1.9 ms whatever the rows, and ONNX Runtime replaying them as
+one captured CUDA graph took 0.39 ms at 1 row and 0.84 ms at 256 with the same
+tokens (an H200, benchmarks/studies/cuda_graph_step.py). A capture fixes every
+shape and address, so the rows run in buckets (1, 2, 4, 8, 16, then multiples
+of 16): the rows past the running ones up to the bucket are free slots, fed
+token 0 at position 0 over one source position, and write only into their own
+free slot's first position, which a row given that slot later overwrites
+before it reads it. The per-step inputs live in one (3, capacity) device array
+at a fixed address, refreshed by one copy per step; each bucket is its own
+graph (run option gpu_graph_id). On the CPU the same padding runs without
+graphs, which is how CI checks it.
 """
 from __future__ import annotations
 
@@ -24,6 +37,12 @@ import onnxruntime as ort
 
 from models.core.device_arrays import address, device_of, device_zeros, settle
 from models.core.kv_cache import SlotCache, lazy_zeros
+
+
+def buckets(capacity: int) -> list[int]:
+    """Row counts the bucketed step runs at: 1, 2, 4, 8, 16, then multiples of 16, and the capacity."""
+    sizes = [n for n in (1, 2, 4, 8) if n < capacity] + list(range(16, capacity, 16))
+    return sizes + [capacity]
 
 
 def _bind(binding: ort.IOBinding, name: str, array, output: bool = False) -> None:
@@ -38,7 +57,7 @@ def _bind(binding: ort.IOBinding, name: str, array, output: bool = False) -> Non
 class InPlaceStep:
     """Runs decoder_inplace.onnx for the running rows of one SlotCache."""
 
-    def __init__(self, session: ort.InferenceSession, cache: SlotCache, vocab_size: int):
+    def __init__(self, session: ort.InferenceSession, cache: SlotCache, vocab_size: int, bucketed: bool = False):
         self.session, self.cache = session, cache
         n = cache.capacity
         self.tokens = np.zeros((n, 1), dtype=np.int64)
@@ -53,7 +72,15 @@ class InPlaceStep:
         # decoder_inplace.std.onnx only reads the cross buffers: it has no present_cross_* to bind
         self.outputs = {o.name for o in session.get_outputs()}
         self.inputs = {i.name for i in session.get_inputs()}
-        self._bindings: dict[int, ort.IOBinding] = {}  # running rows -> their binding
+        self._bindings: dict[int, ort.IOBinding] = {}  # running rows (bucketed: the bucket) -> their binding
+        self.bucketed = bucketed
+        if bucketed:
+            self.sizes = buckets(n)
+            self._bucket_of = np.searchsorted(self.sizes, np.arange(n + 1))  # rows -> index into sizes
+            # tokens, positions and src_len of every slot; on a device the graph reads the device copy
+            self._staged = np.zeros((3, n), dtype=np.int64)
+            self._inputs = device_zeros((3, n), np.int64, device_of(cache.k)[1]) if self.on_device else self._staged
+            self._graph_runs: dict[int, ort.RunOptions] = {}
 
     def _bind_host_inputs(self, binding: ort.IOBinding, b: int) -> None:
         """The per-step inputs, which live on the host. A session on a device copies a host input to the
@@ -68,7 +95,13 @@ class InPlaceStep:
     def _bind_rows(self, b: int) -> ort.IOBinding:
         c = self.cache
         binding = self.session.io_binding()
-        self._bind_host_inputs(binding, b)
+        if self.bucketed:  # every per-step input at a fixed address (on a device: device memory)
+            _bind(binding, "tokens", self._inputs[0, :b].reshape(b, 1))
+            _bind(binding, "positions", self._inputs[1, :b].reshape(b, 1))
+            _bind(binding, "total_len", self.total)
+            _bind(binding, "src_len", self._inputs[2, :b])
+        else:
+            self._bind_host_inputs(binding, b)
         for layer in range(self.layers):
             for name, out, buffer in (("past_key", "present_key", c.k), ("past_value", "present_value", c.v),
                                       ("cross_key", "present_cross_key", c.cross_k),
@@ -94,6 +127,8 @@ class InPlaceStep:
         if longest >= c.max_target:
             raise RuntimeError(f"a row reached the cache's {c.max_target} positions")
         self.total[()] = longest + 1
+        if self.bucketed:
+            return self._run_bucket(b)
         binding = self._bindings.get(b)
         if binding is None:
             binding = self._bindings[b] = self._bind_rows(b)
@@ -101,5 +136,26 @@ class InPlaceStep:
             self._bind_host_inputs(binding, b)
         settle(c.k)  # a device cache: the rows' writes (new rows, compaction, reorder) are done first
         self.session.run_with_iobinding(binding)
+        c.advance(self.tokens[:b, 0])
+        return self.logits[:b, 0]
+
+    def _run_bucket(self, b: int):
+        """The step over the rows padded to their bucket; on a device, that bucket's CUDA graph."""
+        c, staged = self.cache, self._staged
+        g = self.sizes[self._bucket_of[b]]
+        staged[0, :b], staged[1, :b], staged[2, :b] = self.tokens[:b, 0], c.length[:b], c.src_len[:b]
+        staged[0, b:g], staged[1, b:g], staged[2, b:g] = 0, 0, 1  # free slots: token 0, position 0, 1 source
+        binding = self._bindings.get(g)
+        if binding is None:
+            binding = self._bindings[g] = self._bind_rows(g)
+        run = None
+        if self.on_device:
+            self._inputs.set(staged)  # one copy to the fixed address the graph reads
+            run = self._graph_runs.get(g)
+            if run is None:
+                run = self._graph_runs[g] = ort.RunOptions()
+                run.add_run_config_entry("gpu_graph_id", str(g))  # one captured graph per bucket
+        settle(c.k)
+        self.session.run_with_iobinding(binding, run)
         c.advance(self.tokens[:b, 0])
         return self.logits[:b, 0]

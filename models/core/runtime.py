@@ -52,6 +52,10 @@ class RuntimeOptions:
     # VNNI or AMX, its 7-bit int8 graphs elsewhere; "7" the 7-bit ones everywhere (the same tokens on every
     # x86 CPU); "8" the 8-bit ones (wrong products without VNNI: export/quantize.py).
     int8_weights: str = "auto"  # auto | 7 | 8
+    # On CUDA, the in-place standard-op step replayed as captured CUDA graphs, one per bucket of running rows
+    # (models/core/inplace_step.py). Not for GQA's graph (fp16): its attention length is a host value, and
+    # replays gave other tokens (docs/benchmarks/gpu/README.md). The server asks for them by default.
+    cuda_graphs: bool = False
 
 
 def resolve_providers(provider: str) -> list[str]:
@@ -181,7 +185,11 @@ class OnnxModel:
                 log.warning(problem)
         self.encoder = self._session("encoder")
         graph = self._inplace_graph()
-        self.inplace = self._session(graph) if graph else None
+        self.cuda_graphs = bool(self.opts.cuda_graphs and self.on_device and graph == "decoder_inplace_std")
+        if self.opts.cuda_graphs and self.on_device and not self.cuda_graphs:
+            log.info("CUDA graphs are for the fp32 standard-op in-place step (this is %s); not used",
+                        graph or "the copying step")
+        self.inplace = self._session(graph, cuda_graph=self.cuda_graphs) if graph else None
         # decoder_step.onnx is loaded when first used (the copying engine path, the static decoders):
         # a server stepping in place never holds a second copy of the decoder's weights.
         self._decoder: Optional[ort.InferenceSession] = None if self.inplace is not None else self._session(
@@ -247,18 +255,20 @@ class OnnxModel:
         """Where the slot cache lives: on the device when the in-place step runs there."""
         return f"cuda:{self.opts.device_id}" if self.on_device and self.inplace is not None else "cpu"
 
-    def _session(self, graph: str) -> ort.InferenceSession:
+    def _session(self, graph: str, cuda_graph: bool = False) -> ort.InferenceSession:
         path = str(self.bundle.graph_path(self.variant, graph))
+        # the CUDA provider is the (name, options) entry; CUDA graphs are its option, asked per session
+        providers = [(p[0], {**p[1], "enable_cuda_graph": "1"}) if cuda_graph and isinstance(p, tuple) else p
+                     for p in self._ort_providers]
         if self.opts.shared_pool and use_shared_pool(self.opts.intra_op_threads):
             try:
-                return ort.InferenceSession(path, session_options(self.opts, shared=True),
-                                            providers=self._ort_providers)
+                return ort.InferenceSession(path, session_options(self.opts, shared=True), providers=providers)
             except Exception as e:  # noqa: BLE001 (ONNX Runtime started earlier without the shared pool)
                 if "GlobalThreadPools" not in str(e):
                     raise
                 log.warning("ONNX Runtime was started without a shared thread pool; using per-session pools")
                 _shared_pool["threads"] = "per-session"
-        return ort.InferenceSession(path, session_options(self.opts), providers=self._ort_providers)
+        return ort.InferenceSession(path, session_options(self.opts), providers=providers)
 
     @property
     def on_device(self) -> bool:

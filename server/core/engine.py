@@ -74,7 +74,8 @@ class Engine:
         self.max_padding = max_padding
         self.chooser = chooser
         # decoder_inplace.onnx writes the slot cache itself; decoder_step.onnx needs gathered copies.
-        self.inplace = InPlaceStep(runtime.inplace, cache, self.spec.out_vocab_size) if runtime.inplace else None
+        self.inplace = InPlaceStep(runtime.inplace, cache, self.spec.out_vocab_size,
+                                   bucketed=runtime.cuda_graphs) if runtime.inplace else None
         self._encoded_at: Optional[float] = None  # the last encoder run since the arena was given back
         self._trimmed_at = time.monotonic()  # trim_heap's last trim
         self._give_back_next_encode = False  # set by trim_heap: the next pass gives its arena growth back

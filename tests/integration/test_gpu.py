@@ -106,3 +106,44 @@ def test_the_engine_chooses_greedy_tokens_on_the_device(bundle):
             out.append(choice.token.copy())
         runs.append(np.stack(out))
     assert e.cache.device.startswith("cuda") and np.array_equal(runs[0], runs[1])
+
+
+def test_cuda_graphs_replay_the_step_with_the_cpu_tokens_as_rows_come_and_go(bundle):
+    """--cuda-graphs: the standard-op step replayed as one captured graph per bucket of rows (free slots up to
+    the bucket decoded too) gives the CPU engine's greedy tokens while rows join, finish and move slots."""
+    from models.core.device_arrays import device_arrays_available
+    from models.core.kv_cache import SlotCache
+    from server.core.choose import RowControls, TokenChooser
+    from server.core.engine import Engine
+    from server.metrics import Metrics
+    if not device_arrays_available():
+        pytest.skip("CuPy is not installed: no device cache, no graphs")
+
+    def engine(provider: str, graphs: bool) -> Engine:
+        runtime = OnnxModel(bundle, RuntimeOptions(provider=provider, cuda_graphs=graphs))
+        cache = SlotCache(bundle.spec, 16, 16, 24, runtime.cache_dtype, runtime.cache_device)
+        return Engine("m", runtime, cache, Metrics(), 0.5, TokenChooser())
+
+    ids, mask = sources(bundle.spec.vocab_size)
+    srcs = [[int(t) for t, m in zip(row, keep) if m] for row, keep in zip(ids, mask)]
+    cpu, gpu = engine("cpu", False), engine("cuda", True)
+    assert gpu.runtime.cuda_graphs and gpu.inplace.bucketed
+    runs = []
+    for e in (cpu, gpu):
+        _, ck, cv, m = e._encode(srcs)
+        rows, out = [], []
+        for step in range(18):
+            if step in (0, 3, 7):  # 5 rows, then 6 more (bucket 16), then 3 more after two left
+                for i in range({0: 5, 3: 6, 7: 3}[step]):
+                    k = len(out) + i
+                    rows += e.cache.allocate(ck[:, k % 16], cv[:, k % 16], m[k % 16], 1, bundle.spec.bos_id)
+            if step == 5:
+                gone = [rows[1], rows[6]]
+                e.cache.release(gone)
+                rows = [r for r in rows if r not in gone]
+            choice = e.decode_step(RowControls.greedy(len(rows)))
+            for row in rows:
+                row.token = int(choice.token[row.slot])
+            out.append([int(choice.token[r.slot]) for r in rows])
+        runs.append(out)
+    assert runs[0] == runs[1]

@@ -14,6 +14,7 @@ import pytest
 from tests.serving import REPOSITORY, ServerThread, flickr_sentences
 
 from models.core.bundle import load_bundle, newest_version
+from models.core.inplace_step import InPlaceStep, buckets
 from models.core.kv_cache import SlotCache
 from models.core.runtime import OnnxModel, RuntimeOptions
 from models.core.static_decode import pad_batch
@@ -75,10 +76,16 @@ def _join(engines, rng, spec, copies: int):
     return rows
 
 
-@pytest.mark.parametrize("graph", ["inplace", "standard"])  # GQA's graph; opset-24 TensorScatter + Attention
-def test_inplace_matches_copy_over_a_continuous_batch_life(bundle, graph):
+# GQA's graph; opset-24 TensorScatter + Attention; each also with its rows padded to buckets as CUDA graphs run
+# them (the free slots up to the bucket decoded too, writing only their own first position)
+@pytest.mark.parametrize("graph,bucketed", [("inplace", False), ("standard", False), ("inplace", True),
+                                            ("standard", True)])
+def test_inplace_matches_copy_over_a_continuous_batch_life(bundle, graph, bucketed):
     spec = bundle.spec
     inplace, copy = engine(bundle, graph), engine(bundle, "copy")
+    if bucketed:
+        inplace.inplace = InPlaceStep(inplace.runtime.inplace, inplace.cache, spec.out_vocab_size, bucketed=True)
+        assert inplace.inplace.sizes == [1, 2, 4, SLOTS]
     assert inplace.inplace is not None and copy.inplace is None
     rng = np.random.default_rng(0)
     groups: list[tuple[list, list]] = []  # per source: (rows in the in-place engine, rows in the copy engine)
@@ -115,6 +122,14 @@ def test_inplace_matches_copy_over_a_continuous_batch_life(bundle, graph):
         m = int(copy.cache.length[slot])
         assert np.abs(inplace.cache.k[:, slot, :, :m] - copy.cache.k[:, slot, :, :m]).max() < 1e-4
         assert np.abs(inplace.cache.v[:, slot, :, :m] - copy.cache.v[:, slot, :, :m]).max() < 1e-4
+
+
+def test_buckets_cover_every_row_count_with_little_padding():
+    assert buckets(1) == [1] and buckets(8) == [1, 2, 4, 8] and buckets(20) == [1, 2, 4, 8, 16, 20]
+    sizes = buckets(256)
+    assert sizes[:6] == [1, 2, 4, 8, 16, 32] and sizes[-1] == 256 and len(sizes) == 20
+    # from 16 rows up, a bucket pads at most 15 rows
+    assert all(min(g for g in sizes if g >= b) - b < 16 for b in range(16, 257))
 
 
 def test_a_row_at_the_cache_capacity_is_refused_not_overrun(bundle):

@@ -106,6 +106,7 @@ class ScriptedRuntime:
         self.fail_decode: set[int] = set()
         self.raised = threading.Event()  # set when a scripted failure was raised
         self.inplace = ScriptedInPlace(self) if inplace else None
+        self.cuda_graphs = False  # OnnxModel: CUDA graphs only on a device
 
     def logits(self, src, inputs) -> np.ndarray:
         src, inputs = tuple(int(t) for t in src), tuple(int(t) for t in inputs)

@@ -103,7 +103,7 @@ HELP = {
                "CUDA, with the cache on the device), inplace (GQA), standard (opset-24 TensorScatter and "
                "Attention), or copy (decoder_step.onnx over gathered copies of the cache)",
     "cuda_graphs": "on CUDA, replay the fp32 in-place decode step as CUDA graphs, one per bucket of running rows "
-                   "(an H200: the step alone 1.6-4.3x faster, served +15% through gRPC at 8 streams and +6% at "
+                   "(an H200: the step alone 1.6-4.3x faster, served +15%% through gRPC at 8 streams and +6%% at "
                    "256, the same tokens). Ignored on the CPU and for fp16 (GQA's graph cannot be replayed)",
     "intra_op_threads": "ONNX Runtime intra-op threads shared by every session; 0 = one per physical core, "
                         "less one per frontend process with --engine-core process (at least 1)",

@@ -6,8 +6,12 @@ answers `Accepted` or `Refused` (queue full, shutting down: the same ServiceErro
 in-process scheduler raises, so admission and the status mapping do not know which side ran it).
 
 Each `Events` message is delivered in one go (every sink of a stream posts to the loop's relay,
-one wake-up for the lot), then `Taken` tells the core it may send the next: while this loop is
-busy the core merges what piles up, so a loaded frontend gets fewer, fuller messages.
+one wake-up for the lot). If it finds this loop's streams still holding the previous message's events,
+`Hold` tells the core to collect until `Resume`, sent once they have taken them (or after MAX_HOLD_S):
+while this loop is busy the core merges what piles up, so a loaded frontend gets fewer, fuller
+messages, and a frontend that keeps up sends nothing back. (Measured problem: acknowledging every
+message, the scheme before this one, was 58 of the 255 µs of frontend CPU per token at one stream,
+docs/serving_speed.md.)
 
 If the core dies, `lost()` fails every job in flight with UNAVAILABLE (retryable: nothing is
 silently dropped) and refuses new work until the supervisor has a new core Ready.
@@ -47,6 +51,7 @@ class CoreLink:
     def __init__(self, address: str):
         self.address = address
         self.outflow: Optional[Outflow] = None  # the loop's stream backlog (set by connect)
+        self.holding = False  # the core was told Hold and not yet Resume
         self.ctx = zmq.asyncio.Context()
         self.sock: Optional[zmq.asyncio.Socket] = None
         self.jobs: dict[int, Job | EmbedJob] = {}  # in the core, until their terminal event
@@ -64,6 +69,7 @@ class CoreLink:
         self._close_socket()
         self._loop, self._loop_thread = asyncio.get_running_loop(), threading.get_ident()
         self.outflow = outflow_for(self._loop)
+        self.holding = False  # a new core (or socket) starts sending at once
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.IDENTITY, identity(os.getpid()))  # the primary names a dead frontend by it
@@ -175,10 +181,9 @@ class CoreLink:
         while True:
             msg = wire.to_frontend(await sock.recv(copy=True))
             if isinstance(msg, wire.Events):
+                if self.outflow.pending and not self.holding:  # the last message's events are still waiting
+                    self._hold(sock)
                 self._deliver(msg.items)
-                # Ask for more once this loop's streams have taken what they were given (the relay's drain
-                # and the streams run first), or after MAX_HOLD_S at the latest.
-                asyncio.get_running_loop().call_soon(self._ack_when_written, sock)
             elif isinstance(msg, wire.Ready):
                 if self.ready is not None and not self.ready.done():
                     self.ready.set_result(msg)
@@ -191,15 +196,21 @@ class CoreLink:
                 else:
                     future.set_result(msg.text if isinstance(msg, wire.MetricsText) else None)
 
-    def _ack_when_written(self, sock: zmq.asyncio.Socket) -> None:
-        sent = []
+    def _hold(self, sock: zmq.asyncio.Socket) -> None:
+        """Tell the core to collect; Resume once this loop's streams have taken what they were given (the
+        relay's drain and the streams run first), or after MAX_HOLD_S at the latest."""
+        self.holding = True
+        sock.send(wire.encode(wire.Hold()))
+        resumed = []
 
-        def ack() -> None:
-            if not sent and sock is self.sock:
-                sent.append(True)
-                sock.send(wire.encode(wire.Taken()))
-        asyncio.get_running_loop().call_later(MAX_HOLD_S, ack)
-        self.outflow.when_empty(ack)
+        def resume() -> None:
+            if not resumed and sock is self.sock:
+                resumed.append(True)
+                self.holding = False
+                sock.send(wire.encode(wire.Resume()))
+        loop = asyncio.get_running_loop()
+        loop.call_later(MAX_HOLD_S, resume)
+        loop.call_soon(self.outflow.when_empty, resume)
 
     def _deliver(self, items: list[wire.Event]) -> None:
         jobs = self.jobs

@@ -10,10 +10,10 @@ Threads: one engine loop per model (server/core/loop.py, unchanged), and this pr
 which owns the socket (ZeroMQ sockets are single-threaded). Engine threads never touch the socket:
 their sinks append to a per-frontend `Outbox` and wake the main thread once per step (through the
 same hold/flush rule as the asyncio relay, server/relay.py). The main thread then sends each
-frontend one `Events` message with everything since the last, if the frontend has taken the
-previous one (`Taken`); otherwise it keeps collecting, and a stream's consecutive tokens merge
-into one item: a frontend that falls behind gets fewer, fuller messages, an idle one each token
-at once (coalescing by back-pressure).
+frontend one `Events` message with everything since the last, unless the frontend has said it is
+behind (`Hold`, until `Resume`); meanwhile it keeps collecting, and a stream's consecutive tokens
+merge into one item: a frontend that falls behind gets fewer, fuller messages, an idle one each
+token at once (coalescing by back-pressure), and a frontend that keeps up sends nothing back.
 """
 from __future__ import annotations
 
@@ -68,8 +68,8 @@ class Outbox:
         self.lock = threading.Lock()
         self.items: list[wire.Event] = []
         self.tokens_at: dict[int, int] = {}  # job id -> index of its pending Tokens item (merged into)
-        self.credit = True  # the frontend took the previous Events message
-        # A job's first tokens and its end go out at once, credit or not: back-pressure merges the
+        self.held = False  # the frontend said it is behind (Hold) and has not said Resume yet
+        # A job's first tokens and its end go out at once, held or not: back-pressure merges the
         # tokens in between, never delays a stream's first token (TTFT) or a unary call's answer.
         self.urgent = False
         self.started: set[int] = set()  # jobs whose first tokens were sent
@@ -130,9 +130,12 @@ class Core:
     def handle(self, identity: bytes, msg) -> None:
         box = self._outbox(identity)
         if isinstance(msg, wire.Hello):
+            box.held = False  # a frontend (re)connecting is not behind
             self._send(identity, self.ready)
-        elif isinstance(msg, wire.Taken):
-            box.credit = True
+        elif isinstance(msg, wire.Hold):
+            box.held = True
+        elif isinstance(msg, wire.Resume):
+            box.held = False
             self._send_events(box)
         elif isinstance(msg, wire.Submit):
             self._submit(box, msg)
@@ -187,11 +190,10 @@ class Core:
         self.sock.send_multipart([identity, wire.encode(msg)], copy=False)
 
     def _send_events(self, box: Outbox, force: bool = False) -> None:
-        if not (box.credit or box.urgent or force):
+        if box.held and not (box.urgent or force):
             return  # the frontend is behind: keep collecting (its streams' tokens merge)
         items = box.take()
         if items:
-            box.credit = False
             self._send(box.identity, wire.Events(items))
 
     # -- the main thread ----------------------------------------------------------------------

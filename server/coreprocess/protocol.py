@@ -80,8 +80,12 @@ class Cancel(msgspec.Struct, tag=True, array_like=True):
     ids: list[int]
 
 
-class Taken(msgspec.Struct, tag=True, array_like=True):
-    """The frontend has delivered the last Events message: the core may send the next one."""
+class Hold(msgspec.Struct, tag=True, array_like=True):
+    """The frontend is behind (its streams have not taken the last Events yet): collect until Resume."""
+
+
+class Resume(msgspec.Struct, tag=True, array_like=True):
+    """The frontend has caught up: send what was collected, and each step's events again."""
 
 
 class AskMetrics(msgspec.Struct, tag=True, array_like=True):
@@ -159,7 +163,7 @@ class MetricsText(msgspec.Struct, tag=True, array_like=True):
     text: str  # the core registry's Prometheus exposition
 
 
-ToCore = Union[Hello, Submit, Cancel, Taken, AskMetrics, Forget, Stop]
+ToCore = Union[Hello, Submit, Cancel, Hold, Resume, AskMetrics, Forget, Stop]
 ToFrontend = Union[Ready, Accepted, Refused, Events, MetricsText]
 
 encode = msgspec.msgpack.Encoder().encode

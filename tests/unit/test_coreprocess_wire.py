@@ -21,7 +21,8 @@ def test_every_message_round_trips():
     params = wire.params_out(DecodingParams(beam_size=4, temperature=0.0, seed=7, target_prefix="Ein",
                                             repetition_penalty=1.2, no_repeat_ngram_size=3, alternatives=0))
     spec = wire.JobSpec(5, "translate", "m", [1, 2, 3], 12.5, 99.0, params, 40, True, False, (7,), (8, 9))
-    messages = [wire.Hello(), wire.Submit(1, "m", [spec]), wire.Cancel([5]), wire.Taken(), wire.AskMetrics(2),
+    messages = [wire.Hello(), wire.Submit(1, "m", [spec]), wire.Cancel([5]), wire.Hold(), wire.Resume(),
+                wire.AskMetrics(2),
                 wire.Forget(b"frontend-1"), wire.Stop(3.0)]
     for msg in messages:
         assert wire.to_core(wire.encode(msg)) == msg
@@ -69,9 +70,9 @@ def outbox():
     os.close(w)
 
 
-def test_tokens_merge_until_taken_and_first_tokens_and_ends_are_urgent(outbox):
+def test_tokens_merge_while_held_and_first_tokens_and_ends_are_urgent(outbox):
     outbox.post(wire.Tokens(1, [10]))
-    assert outbox.urgent  # a first token: sent whatever the credit
+    assert outbox.urgent  # a first token: sent even while the frontend is behind
     assert outbox.take() == [wire.Tokens(1, [10])] and not outbox.urgent
     for t in (11, 12, 13):  # the frontend is behind: the same stream's tokens merge into one item
         outbox.post(wire.Tokens(1, [t]))

@@ -49,9 +49,10 @@ class GraphStep:
         self.tokens = cupy.zeros((rows, 1), dtype=np.int64)  # (B, 1)
         self.positions = cupy.zeros((rows, 1), dtype=np.int64)  # (B, 1)
         self.src_len = cupy.asarray(cache.src_len[:rows])  # (B,)
-        # GroupQueryAttention reads total_len on the host, only to tell the first step (its prompt path) from
-        # the others: a replay keeps the value of the step it captured, which is past the first.
-        self.total = np.zeros((), dtype=np.int32)
+        # GroupQueryAttention reads total_len on the host: a replay keeps the captured step's value. The first
+        # H200 run set it to longest + 1 each step and fp16's replayed tokens differed; here it is the capacity
+        # throughout, as the engine's bucketed step binds it (the same logits on the CPU).
+        self.total = np.full((), cache.max_target, dtype=np.int32)
         self.logits = cupy.zeros((rows, 1, vocab_size), dtype=cache.k.dtype)
         inputs = {i.name for i in session.get_inputs()}
         outputs = {o.name for o in session.get_outputs()}
@@ -78,7 +79,6 @@ class GraphStep:
         c, n = self.cache, self.rows
         self.tokens.set(np.array([[r.token] for r in c.rows[:n]], dtype=np.int64))
         self.positions.set(c.length[:n].reshape(n, 1))
-        self.total[()] = int(c.length[:n].max()) + 1
         settle(c.k)  # the copies above run on CuPy's stream, the replay on ONNX Runtime's
         self.session.run_with_iobinding(self.binding)
         c.advance(np.array([r.token for r in c.rows[:n]], dtype=np.int64))

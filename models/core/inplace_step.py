@@ -128,6 +128,11 @@ class InPlaceStep:
             raise RuntimeError(f"a row reached the cache's {c.max_target} positions")
         self.total[()] = longest + 1
         if self.bucketed:
+            # A replay keeps the host values of the step it captured. GroupQueryAttention reads total_len on
+            # the host; its attention is bounded by each row's own length, so the capacity gives the same
+            # logits as longest + 1 (checked on the CPU, tests/integration/test_inplace.py) and never changes.
+            # (The standard-op graph does not read it.)
+            self.total[()] = c.max_target
             return self._run_bucket(b)
         binding = self._bindings.get(b)
         if binding is None:

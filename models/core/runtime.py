@@ -53,8 +53,10 @@ class RuntimeOptions:
     # x86 CPU); "8" the 8-bit ones (wrong products without VNNI: export/quantize.py).
     int8_weights: str = "auto"  # auto | 7 | 8
     # On CUDA, the in-place standard-op step replayed as captured CUDA graphs, one per bucket of running rows
-    # (models/core/inplace_step.py). Not for GQA's graph (fp16): its attention length is a host value, and
-    # replays gave other tokens (docs/benchmarks/gpu/README.md). The server asks for them by default.
+    # (models/core/inplace_step.py). Not for GQA's graph (fp16) yet: it reads total_len on the host, and replays
+    # with it changing per step gave other tokens on an H200 (docs/benchmarks/gpu/README.md); held at the
+    # capacity, as the bucketed step now binds it, the CPU gives the same logits, the device is unmeasured
+    # (benchmarks/studies/cuda_graph_step.py asks). The server asks for graphs by default.
     cuda_graphs: bool = False
 
 

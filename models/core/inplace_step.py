@@ -126,7 +126,6 @@ class InPlaceStep:
         longest = int(c.length[:b].max())
         if longest >= c.max_target:
             raise RuntimeError(f"a row reached the cache's {c.max_target} positions")
-        self.total[()] = longest + 1
         if self.bucketed:
             # A replay keeps the host values of the step it captured. GroupQueryAttention reads total_len on
             # the host; its attention is bounded by each row's own length, so the capacity gives the same
@@ -134,6 +133,7 @@ class InPlaceStep:
             # (The standard-op graph does not read it.)
             self.total[()] = c.max_target
             return self._run_bucket(b)
+        self.total[()] = longest + 1
         binding = self._bindings.get(b)
         if binding is None:
             binding = self._bindings[b] = self._bind_rows(b)

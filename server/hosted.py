@@ -119,19 +119,36 @@ class HostedModel:
             self.warmup()
 
     def warmup(self) -> None:
-        """One greedy and one beam translation, so the first user request pays no lazy initialisation."""
+        """One greedy and one beam translation, so the first user request pays no lazy initialisation; with
+        CUDA graphs, every bucket's graph too (warm_buckets)."""
         for params in (DecodingParams(), DecodingParams(beam_size=2)):
-            done = threading.Event()
-            result: list[Event] = []
+            self._warm(params)
+        step = self.engine.inplace
+        if step is not None and step.bucketed:
+            self.warm_buckets(step.sizes)
 
-            def sink(event: Event) -> None:
-                if isinstance(event, (FinishEvent, ErrorEvent)):
-                    result.append(event)
-                    done.set()
-            (job,) = self.jobs(["Warm-up."], params, sink, None) if self.tok else [self._warmup_job(params, sink)]
-            self.scheduler.submit([job])
-            if not done.wait(60) or isinstance(result[0], ErrorEvent):
-                raise RuntimeError(f"warm-up of {self.name} failed: {result}")
+    def warm_buckets(self, sizes: list[int]) -> None:
+        """Run the step at every bucket of rows a few times, so each bucket's CUDA graph is captured now,
+        before any traffic, on the engine thread (models/core/inplace_step.py). ONNX Runtime keeps a graph
+        in the capturing thread's context and captures with cudaStreamCaptureModeGlobal, so another thread's
+        CUDA calls during a capture break it: captured at run time, one model's first step at a new bucket
+        could fail another model's concurrent step. Models warm up one after another, with no traffic."""
+        for rows in sizes:  # one source sampled `rows` times: exactly `rows` rows for 4 steps
+            self._warm(DecodingParams(temperature=1.0, seed=0, num_hypotheses=rows, min_output_tokens=4,
+                                      max_output_tokens=4))
+
+    def _warm(self, params: DecodingParams) -> None:
+        done = threading.Event()
+        result: list[Event] = []
+
+        def sink(event: Event) -> None:
+            if isinstance(event, (FinishEvent, ErrorEvent)):
+                result.append(event)
+                done.set()
+        (job,) = self.jobs(["Warm-up."], params, sink, None) if self.tok else [self._warmup_job(params, sink)]
+        self.scheduler.submit([job])
+        if not done.wait(60) or isinstance(result[0], ErrorEvent):
+            raise RuntimeError(f"warm-up of {self.name} failed: {result}")
 
     def _warmup_job(self, params: DecodingParams, sink: Callable[[Event], None]) -> Job:
         """A warm-up job without a tokenizer (an engine core): any few ids run every graph as text would."""

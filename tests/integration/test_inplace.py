@@ -171,3 +171,23 @@ def test_attention_ops_benchmark_checks_both_ops_against_a_reference():
     r = measure(rows=4, cap=32, dtype="fp32", provider="cpu", rng=np.random.default_rng(3))
     assert r["gqa_err"] < 1e-5 and r["attention_err"] < 1e-5, r
     assert r["gqa_us"] > 0 and r["attention_us"] > 0
+
+
+def test_warm_buckets_runs_the_step_at_every_bucket_before_traffic(bundle):
+    """With CUDA graphs each bucket's graph must be captured at warm-up, on the engine thread (ONNX Runtime
+    captures in the calling thread's context, in global capture mode): warm_buckets runs the step at
+    exactly each bucket's row count. On the CPU the same bucketed step shows which counts ran."""
+    from server.config import ServerConfig
+    from server.hosted import HostedModel
+    # the shared thread pool, as the other tests of this process made it (a pool is per process)
+    cfg = ServerConfig(model_repository=str(REPOSITORY), provider="cpu", max_batch_size=SLOTS, warmup=False,
+                       ort_spinning="true")
+    model = HostedModel(bundle, cfg, Metrics())
+    step = model.engine.inplace = InPlaceStep(model.runtime.inplace, model.cache, bundle.spec.out_vocab_size,
+                                              bucketed=True)
+    model.start()
+    try:
+        model.warm_buckets(step.sizes)
+        assert sorted(step._bindings) == step.sizes == [1, 2, 4, SLOTS]
+    finally:
+        model.stop(5)

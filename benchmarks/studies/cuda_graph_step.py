@@ -8,8 +8,8 @@ a model whose arithmetic is a few microseconds: the step is launch-bound, ~130 k
 by the host. ONNX Runtime can capture a session's kernels once and replay them as one CUDA graph
 (provider option enable_cuda_graph) when every node runs on the device and every bound input and output
 keeps its address and shape. The slot cache's buffers already keep theirs (fixed capacity, bound by
-pointer); what the graph cannot take are the per-step inputs bound from host memory, so here they live
-in device arrays at fixed addresses and each step copies the new values into them before the replay.
+pointer); the per-step inputs live in one device array at a fixed address, refreshed by one copy before
+each replay: the engine's bucketed step (models/core/inplace_step.py), which this study runs.
 
 Per variant and number of rows (one captured graph per row count: shapes are part of the capture, so a
 server would keep one per batch bucket), this prints the step's median wall time both ways at the static
@@ -30,7 +30,7 @@ import onnxruntime as ort
 
 from models.core.bundle import load_bundle, newest_version
 from models.core.device_arrays import as_device_array, settle, to_host
-from models.core.inplace_step import InPlaceStep, _bind
+from models.core.inplace_step import InPlaceStep
 from models.core.kv_cache import SlotCache
 from models.core.runtime import OnnxModel, RuntimeOptions, session_options
 
@@ -38,51 +38,6 @@ ROOT = Path(__file__).resolve().parents[2]
 SOURCE_LEN = 16
 STEPS = 24
 WARMUP = 4  # ONNX Runtime runs the graph's kernels plainly before it captures
-
-
-class GraphStep:
-    """decoder_inplace bound once, every input in device memory, run by a session that replays a CUDA graph."""
-
-    def __init__(self, session: ort.InferenceSession, cache: SlotCache, vocab_size: int, rows: int):
-        import cupy
-        self.session, self.cache, self.rows = session, cache, rows
-        self.tokens = cupy.zeros((rows, 1), dtype=np.int64)  # (B, 1)
-        self.positions = cupy.zeros((rows, 1), dtype=np.int64)  # (B, 1)
-        self.src_len = cupy.asarray(cache.src_len[:rows])  # (B,)
-        # GroupQueryAttention reads total_len on the host: a replay keeps the captured step's value. The first
-        # H200 run set it to longest + 1 each step and fp16's replayed tokens differed; here it is the capacity
-        # throughout, as the engine's bucketed step binds it (the same logits on the CPU).
-        self.total = np.full((), cache.max_target, dtype=np.int32)
-        self.logits = cupy.zeros((rows, 1, vocab_size), dtype=cache.k.dtype)
-        inputs = {i.name for i in session.get_inputs()}
-        outputs = {o.name for o in session.get_outputs()}
-        b = self.binding = session.io_binding()
-        _bind(b, "tokens", self.tokens)
-        _bind(b, "positions", self.positions)
-        if "total_len" in inputs:
-            _bind(b, "total_len", self.total)
-        _bind(b, "src_len", self.src_len)
-        for layer in range(cache.k.shape[0]):
-            for name, out, buffer in (("past_key", "present_key", cache.k), ("past_value", "present_value", cache.v),
-                                      ("cross_key", "present_cross_key", cache.cross_k),
-                                      ("cross_value", "present_cross_value", cache.cross_v)):
-                view = buffer[layer, :rows]  # (B, H, capacity, Dh) at the slot buffer's own address
-                _bind(b, f"{name}_{layer}", view)
-                if f"{out}_{layer}" in outputs:
-                    _bind(b, f"{out}_{layer}", view, output=True)
-            for name, buffer in (("cross_last_key", cache.cross_last_k), ("cross_last_value", cache.cross_last_v)):
-                if f"{name}_{layer}" in inputs:
-                    _bind(b, f"{name}_{layer}", buffer[layer, :rows])
-        _bind(b, "logits", self.logits, output=True)
-
-    def run(self):
-        c, n = self.cache, self.rows
-        self.tokens.set(np.array([[r.token] for r in c.rows[:n]], dtype=np.int64))
-        self.positions.set(c.length[:n].reshape(n, 1))
-        settle(c.k)  # the copies above run on CuPy's stream, the replay on ONNX Runtime's
-        self.session.run_with_iobinding(self.binding)
-        c.advance(np.array([r.token for r in c.rows[:n]], dtype=np.int64))
-        return self.logits[:, 0]
 
 
 def filled_cache(model: OnnxModel, rows: int, slots: int, max_target: int, max_source: int) -> SlotCache:
@@ -118,14 +73,16 @@ def cell(model: OnnxModel, graph_path: str, rows: int, slots: int, max_target: i
     plain_ms, plain_tokens = timed(InPlaceStep(model.inplace, cache := filled_cache(
         model, rows, slots, max_target, max_source), model.spec.out_vocab_size), cache)
     try:
+        # On the CPU (--provider cpu): the same bucketed step without graphs, the plumbing checked anywhere.
         providers = [("CUDAExecutionProvider", {"device_id": str(model.opts.device_id), "enable_cuda_graph": "1"}),
-                     "CPUExecutionProvider"]
+                     "CPUExecutionProvider"] if model.on_device else ["CPUExecutionProvider"]
         # the engine's sessions share one thread pool (models/core/runtime.py): a session beside them must too
         session = ort.InferenceSession(graph_path, session_options(model.opts, shared=True), providers=providers)
-        if session.get_providers()[0] != "CUDAExecutionProvider":
+        if model.on_device and session.get_providers()[0] != "CUDAExecutionProvider":
             raise RuntimeError("ONNX Runtime fell back to the CPU provider (its error is printed above)")
         cache = filled_cache(model, rows, slots, max_target, max_source)
-        graph_ms, graph_tokens = timed(GraphStep(session, cache, model.spec.out_vocab_size, rows), cache)
+        # the engine's own bucketed step (models/core/inplace_step.py): rows is a bucket size here
+        graph_ms, graph_tokens = timed(InPlaceStep(session, cache, model.spec.out_vocab_size, bucketed=True), cache)
     except Exception as e:  # noqa: BLE001 (a refused capture is this study's answer, not its end)
         return f"{plain_ms:.3f} | failed: {str(e).splitlines()[0][:160]} | -"
     same = sum(bool(np.array_equal(a, b)) for a, b in zip(plain_tokens, graph_tokens))
@@ -140,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", default="fp32,fp16", help="variants of the bundle to time (those it has)")
     p.add_argument("--rows", default="1,8,32,128,256", help="running rows per step")
     p.add_argument("--server-shape", default="256,257,256", help="slots,target positions,source positions")
+    p.add_argument("--provider", default="cuda", choices=["cuda", "cpu"],
+                   help="cpu: no graphs, the bucketed step's plumbing and tokens only")
     args = p.parse_args(argv)
     bundle = load_bundle(newest_version(Path(args.repository) / args.model))
     slots, positions, sources = (int(x) for x in args.server_shape.split(","))
@@ -152,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         if variant not in bundle.variants:
             print(f"| {variant} | - | not in the bundle |")
             continue
-        model = OnnxModel(bundle, RuntimeOptions(variant=variant, provider="cuda", decoder="auto"))
+        model = OnnxModel(bundle, RuntimeOptions(variant=variant, provider=args.provider, decoder="auto"))
         if model.inplace is None:
             print(f"| {variant} | - | no in-place step on the device here (CuPy missing?) |")
             continue

@@ -13,15 +13,18 @@ git history), with the device's name, the versions and the command that made it:
   device      nvidia-smi, ONNX Runtime's providers and the versions (device.json)
   test        tests/integration/test_gpu.py: CUDA tokens = CPU tokens (test_gpu.log)
   static      benchmarks.gpu_static: ONNX Runtime alone, CPU fp32 vs CUDA fp32 / fp16, batch 1-256
-  ops         benchmarks.studies.attention_ops (GQA fp16 vs opset-24 Attention over a shared buffer) and
-              benchmarks.studies.choice_ops (greedy choice on the device vs the logits copied to the host)
-  serve-fp32  benchmarks.serving_load on the device, in-process and through gRPC, 1-256 streams
-              (serve-fp32-copy: the same with the copying step, the device cache's baseline)
+  ops         benchmarks.studies: inplace_device (the step alone per cache shape and variant),
+              cuda_graph_step (ops-graph: the step replayed as CUDA graphs vs plain, tokens checked),
+              attention_ops (GQA fp16 vs opset-24 Attention) and choice_ops (greedy on the device vs host)
+  serve-fp32  benchmarks.serving_load on the device, in-process and through gRPC, 1-256 streams, CUDA
+              graphs on (the default); serve-fp32-copy: the copying step, the device cache's baseline;
+              serve-fp32-nographs: without graphs, the graphs' baseline
   serve-fp16  the same in fp16
   serve-cpu   the same server on the host's CPU cores: the same-run baseline for "10x the CPU"
   frontends   --engine-core process --frontends 1, 2, 4, 8 over 64 connections (issue 22's scaling)
   marian      an OPUS-MT-shaped Marian (d_model 512, 6+6 layers, 58k vocabulary) imported and served on
-              the device (needs torch and transformers to build it; skipped without them)
+              the device; marian-static: our static decoding of it; marian-torch: PyTorch's `generate`,
+              the issue's baseline (all need torch and transformers; skipped without them)
 
 README.md in the folder has a table of every step (status, seconds, command, files) and the
 frontend-scaling plot, rewritten after each step (a session cut off keeps what it measured). On the

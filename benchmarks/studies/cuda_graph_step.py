@@ -28,29 +28,15 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from benchmarks.studies.inplace_device import SOURCE_LEN, STEPS, filled_cache
 from models.core.bundle import load_bundle, newest_version
-from models.core.device_arrays import as_device_array, settle, to_host
+from models.core.device_arrays import settle, to_host
 from models.core.inplace_step import InPlaceStep
 from models.core.kv_cache import SlotCache
 from models.core.runtime import OnnxModel, RuntimeOptions, session_options
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCE_LEN = 16
-STEPS = 24
 WARMUP = 4  # ONNX Runtime runs the graph's kernels plainly before it captures
-
-
-def filled_cache(model: OnnxModel, rows: int, slots: int, max_target: int, max_source: int) -> SlotCache:
-    """A slot cache with `rows` rows of random 16-token sources (seeded: every call gives the same rows)."""
-    rng = np.random.default_rng(0)
-    src = rng.integers(4, model.spec.vocab_size, (rows, SOURCE_LEN)).astype(np.int64)
-    mask = np.ones_like(src, dtype=bool)
-    _, cross_k, cross_v = model.encode(src, mask)
-    cross_k, cross_v = as_device_array(cross_k), as_device_array(cross_v)
-    cache = SlotCache(model.spec, slots, max_source, max_target, model.cache_dtype, model.cache_device)
-    for i in range(rows):
-        cache.allocate(cross_k[:, i], cross_v[:, i], mask[i], 1, model.spec.bos_id)
-    return cache
 
 
 def timed(runner, cache: SlotCache) -> tuple[float, list[np.ndarray]]:

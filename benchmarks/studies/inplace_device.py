@@ -37,22 +37,29 @@ SOURCE_LEN = 16
 STEPS = 24
 
 
-def step_ms(model: OnnxModel, rows: int, slots: int, max_target: int, max_source: int = SOURCE_LEN,
-            mixed: bool = False) -> float:
-    """Median wall time of one step with `rows` running rows, over STEPS steps after 4 warm-up steps.
-    `mixed`: as a server runs them: rows of different ages (0-40 positions) and a row count that changes
-    every step (all rows, then all but 3)."""
-    rng = np.random.default_rng(0)
+def filled_cache(model: OnnxModel, rows: int, slots: int, max_target: int, max_source: int = SOURCE_LEN) -> SlotCache:
+    """A slot cache with `rows` rows of random SOURCE_LEN-token sources (seeded: every call gives the same rows)."""
     spec = model.spec
-    src = rng.integers(4, spec.vocab_size, (rows, SOURCE_LEN)).astype(np.int64)
+    src = np.random.default_rng(0).integers(4, spec.vocab_size, (rows, SOURCE_LEN)).astype(np.int64)
     mask = np.ones_like(src, dtype=bool)
     _, cross_k, cross_v = model.encode(src, mask)
     cross_k, cross_v = as_device_array(cross_k), as_device_array(cross_v)
     cache = SlotCache(spec, slots, max_source, max_target, model.cache_dtype, model.cache_device)
     for i in range(rows):
         cache.allocate(cross_k[:, i], cross_v[:, i], mask[i], 1, spec.bos_id)
+    return cache
+
+
+def step_ms(model: OnnxModel, rows: int, slots: int, max_target: int, max_source: int = SOURCE_LEN,
+            mixed: bool = False) -> float:
+    """Median wall time of one step with `rows` running rows, over STEPS steps after 4 warm-up steps.
+    `mixed`: as a server runs them: rows of different ages (0-40 positions) and a row count that changes
+    every step (all rows, then all but 3)."""
+    spec = model.spec
+    cache = filled_cache(model, rows, slots, max_target, max_source)
     if mixed:
-        cache.length[:rows] = rng.integers(0, 40, rows)
+        # up to 40 positions, and room for every step the study runs
+        cache.length[:rows] = np.random.default_rng(1).integers(0, min(40, max_target - 4 - STEPS), rows)
     every = list(cache.rows)
     runner = InPlaceStep(model.inplace, cache, spec.out_vocab_size)
     times = []

@@ -82,27 +82,31 @@ class InPlaceStep:
             self._staged = np.zeros((3, n), dtype=np.int64)
             self._inputs = device_zeros((3, n), np.int64, device_of(cache.k)[1]) if self.on_device else self._staged
             self._graph_runs: dict[int, ort.RunOptions] = {}
+            # A replay keeps the host values of the step it captured. GroupQueryAttention reads total_len on the
+            # host; its attention is bounded by each row's own length, so the capacity gives the same logits as
+            # longest + 1 (checked on the CPU, tests/integration/test_inplace.py) and never changes. (The
+            # standard-op graph does not read it.)
+            self.total[()] = cache.max_target
 
-    def _bind_host_inputs(self, binding: ort.IOBinding, b: int) -> None:
-        """The per-step inputs, which live on the host. A session on a device copies a host input to the
-        device when it is bound, not when it runs (IOBinding::BindInput), so on a device they are bound again
-        every step; on the host the bound memory is read as it is at each run."""
+    def _bind_step_inputs(self, binding: ort.IOBinding, b: int) -> None:
+        """tokens, positions, total_len and src_len. Bucketed, they are the staged rows, at fixed addresses
+        (device memory on a device). Otherwise they live on the host: a session on a device copies a host input
+        to the device when it is bound, not when it runs (IOBinding::BindInput), so on a device they are bound
+        again every step; on the host the bound memory is read as it is at each run."""
         c = self.cache
-        _bind(binding, "tokens", self.tokens[:b])
-        _bind(binding, "positions", c.length[:b].reshape(b, 1))
+        if self.bucketed:
+            tokens, positions, src_len = self._inputs[0, :b], self._inputs[1, :b], self._inputs[2, :b]
+        else:
+            tokens, positions, src_len = self.tokens[:b, 0], c.length[:b], c.src_len[:b]
+        _bind(binding, "tokens", tokens.reshape(b, 1))
+        _bind(binding, "positions", positions.reshape(b, 1))
         _bind(binding, "total_len", self.total)
-        _bind(binding, "src_len", c.src_len[:b])
+        _bind(binding, "src_len", src_len)
 
     def _bind_rows(self, b: int) -> ort.IOBinding:
         c = self.cache
         binding = self.session.io_binding()
-        if self.bucketed:  # every per-step input at a fixed address (on a device: device memory)
-            _bind(binding, "tokens", self._inputs[0, :b].reshape(b, 1))
-            _bind(binding, "positions", self._inputs[1, :b].reshape(b, 1))
-            _bind(binding, "total_len", self.total)
-            _bind(binding, "src_len", self._inputs[2, :b])
-        else:
-            self._bind_host_inputs(binding, b)
+        self._bind_step_inputs(binding, b)
         for layer in range(self.layers):
             for name, out, buffer in (("past_key", "present_key", c.k), ("past_value", "present_value", c.v),
                                       ("cross_key", "present_cross_key", c.cross_k),
@@ -128,18 +132,13 @@ class InPlaceStep:
         if longest >= c.max_target:
             raise RuntimeError(f"a row reached the cache's {c.max_target} positions")
         if self.bucketed:
-            # A replay keeps the host values of the step it captured. GroupQueryAttention reads total_len on
-            # the host; its attention is bounded by each row's own length, so the capacity gives the same
-            # logits as longest + 1 (checked on the CPU, tests/integration/test_inplace.py) and never changes.
-            # (The standard-op graph does not read it.)
-            self.total[()] = c.max_target
             return self._run_bucket(b)
         self.total[()] = longest + 1
         binding = self._bindings.get(b)
         if binding is None:
             binding = self._bindings[b] = self._bind_rows(b)
         elif self.on_device:
-            self._bind_host_inputs(binding, b)
+            self._bind_step_inputs(binding, b)
         settle(c.k)  # a device cache: the rows' writes (new rows, compaction, reorder) are done first
         self.session.run_with_iobinding(binding)
         c.advance(self.tokens[:b, 0])

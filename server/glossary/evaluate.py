@@ -104,14 +104,14 @@ def test_set(split: str, target: str, words: dict[str, str], per_sentence: int =
 class Decoder:
     """A served model's engine in this process, driven step by step (no threads)."""
 
-    def __init__(self, pair: str, rows: int = 64):
+    def __init__(self, pair: str, rows: int = 64, repository: Path = ROOT / "model_repository"):
         from models.core.bundle import discover
         from server.config import ServerConfig
         from server.hosted import HostedModel
         from server.metrics import Metrics
         cfg = ServerConfig(max_batch_size=rows, max_queue_size=100_000, warmup=False, intra_op_threads=1,
                            max_batch_tokens=8192)
-        bundle = [b for b in discover(ROOT / "model_repository") if b.target_language == pair][0]
+        bundle = [b for b in discover(repository) if b.target_language == pair][0]
         self.model = HostedModel(bundle, cfg, Metrics())
 
     def translate(self, texts: list[str], glossaries: list | None, beam: int) -> tuple[list[str], list[list[int]], float]:
@@ -162,7 +162,8 @@ def placeholder_inputs(sentences, glossaries):
     return out
 
 
-def evaluate(pair: str, split: str, modes: list[str], configs: list[str], limit: int = 0) -> list[dict]:
+def evaluate(pair: str, split: str, modes: list[str], configs: list[str], limit: int = 0,
+             repository: Path = ROOT / "model_repository") -> list[dict]:
     import sacrebleu
     from server.glossary import enforce
     from server.glossary.matching import appears
@@ -170,7 +171,7 @@ def evaluate(pair: str, split: str, modes: list[str], configs: list[str], limit:
     if limit:
         data = data[:limit]
     sources, refs, glossaries = [s for s, _, _ in data], [r for _, r, _ in data], [g for _, _, g in data]
-    decoder = Decoder(pair)
+    decoder = Decoder(pair, repository=repository)
     rows = []
     for mode in modes:
         beam = int(mode[4:]) if mode.startswith("beam") else 1
@@ -206,7 +207,8 @@ def evaluate(pair: str, split: str, modes: list[str], configs: list[str], limit:
             without = [i for i, g in enumerate(glossaries) if not g]
             same = sum(ids[i] == plain_ids[i] for i in without) if ids is not None else \
                 sum(outputs[i] == plain[i] for i in without)
-            rows.append({"pair": f"en-{pair}", "mode": mode, "config": config, "terms": len(terms),
+            rows.append({"pair": f"en-{pair}", "model": decoder.model.name, "mode": mode, "config": config,
+                         "terms": len(terms),
                          "coverage": covered / max(len(terms), 1),
                          "bleu": sacrebleu.corpus_bleu(outputs, [refs]).score,
                          "untouched_identical": f"{same}/{len(without)}",
@@ -229,14 +231,15 @@ def fifty_terms(pair: str, n: int = 50) -> list[tuple[str, str]]:
     return [(w, surface.get(words[w], words[w])) for w in top]
 
 
-def throughput(pair: str, split: str, rounds: int = 3, beam: int = 1) -> dict:
+def throughput(pair: str, split: str, rounds: int = 3, beam: int = 1,
+               repository: Path = ROOT / "model_repository") -> dict:
     """Tokens/s of decoding the split (greedy, or beam search of width `beam`) with one 50-term glossary
     against none (matching and term tokenisation included), alternating rounds; and whether the sentences
     the glossary does not touch decode token for token as without it."""
     from server.glossary.matching import Matcher, appears, terms_for
     entries = fifty_terms(pair)
     sources = read(f"{split}.en")
-    decoder = Decoder(pair)
+    decoder = Decoder(pair, repository=repository)
     tok, unk = decoder.model.tok, decoder.model.bundle.spec.unk_id
     plain_rates, glossary_rates = [], []
     for _ in range(rounds):
@@ -250,7 +253,8 @@ def throughput(pair: str, split: str, rounds: int = 3, beam: int = 1) -> dict:
         glossary_rates.append(sum(map(len, ids)) / (seconds + prepare))
     untouched = [i for i, m in enumerate(matches) if not m]
     found = [(m.target, glossed[i]) for i, ms in enumerate(matches) for m in ms]
-    return {"pair": f"en-{pair}", "decoding": f"beam {beam}" if beam > 1 else "greedy", "terms": len(entries),
+    return {"pair": f"en-{pair}", "model": decoder.model.name, "decoding": f"beam {beam}" if beam > 1 else "greedy",
+            "terms": len(entries),
             "tokens_per_s_without": max(plain_rates),
             "tokens_per_s_with": max(glossary_rates), "ratio": max(glossary_rates) / max(plain_rates),
             "untouched_identical": f"{sum(ids[i] == plain_ids[i] for i in untouched)}/{len(untouched)}",
@@ -264,6 +268,9 @@ def main(argv=None) -> int:
     parser.add_argument("--modes", default="greedy,beam5")
     parser.add_argument("--configs", default="none,placeholder,force,bonus1,bonus3,bonus3+eos,chosen")
     parser.add_argument("--limit", type=int, default=0, help="first N sentences only (a quick check)")
+    parser.add_argument("--repository", type=Path, default=ROOT / "model_repository",
+                        help="the model repository whose model for each pair is measured (an imported Marian's, "
+                        "say: docs/glossaries.md)")
     parser.add_argument("--throughput", action="store_true", help="tokens/s with a 50-term glossary vs none "
                         "(one thread; run it on a quiet machine)")
     parser.add_argument("--beams", default="1,4", help="with --throughput: beam widths to measure (1 = greedy)")
@@ -271,15 +278,16 @@ def main(argv=None) -> int:
     if args.throughput:
         for pair in args.pairs.split(","):
             for beam in map(int, args.beams.split(",")):
-                print(throughput(pair, args.split, beam=beam), flush=True)
+                print(throughput(pair, args.split, beam=beam, repository=args.repository), flush=True)
         return 0
     rows = []
     for pair in args.pairs.split(","):
-        rows += evaluate(pair, args.split, args.modes.split(","), args.configs.split(","), args.limit)
-    print("| pair | decoding | configuration | terms | coverage | BLEU | sentences without terms identical |")
-    print("|---|---|---|---|---|---|---|")
+        rows += evaluate(pair, args.split, args.modes.split(","), args.configs.split(","), args.limit,
+                         args.repository)
+    print("| model | pair | decoding | configuration | terms | coverage | BLEU | sentences without terms identical |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['pair']} | {r['mode']} | {r['config']} | {r['terms']} | {100 * r['coverage']:.1f}% | "
+        print(f"| {r['model']} | {r['pair']} | {r['mode']} | {r['config']} | {r['terms']} | {100 * r['coverage']:.1f}% | "
               f"{r['bleu']:.2f} | {r['untouched_identical']} |")
     return 0
 

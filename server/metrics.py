@@ -64,6 +64,10 @@ class Metrics:
         self.guarded_rows = Counter("nmt_runaway_stopped_total",
                                     "Decodes stopped by the runaway guard (looping or outgrowing the source).",
                                     ["model"], registry=e)
+        self.glossary_rewinds = Counter("nmt_glossary_rewinds_total",
+                                        "Greedy decodes that chose to end with a glossary term never begun and "
+                                        "went back to write it where the model found it likeliest (server/"
+                                        "glossary/placement.py).", ["model"], registry=e)
         self.failed_rows = Counter("nmt_engine_failed_rows_total",
                                    "Decode rows failed alone: the model gave them NaN or infinite scores, or their "
                                    "token choice or bookkeeping raised (their request ends INTERNAL; the batch "
@@ -273,7 +277,7 @@ class ModelMetrics:
     PER_MODEL = ("queue_time", "ttft", "inter_token", "e2e", "input_tokens", "output_tokens", "output_length",
                  "running", "waiting", "kv_usage", "decode_batch", "encode_batch", "padding", "encode_time",
                  "step_time", "stream_messages", "guarded_rows", "failed_rows", "document_sentences",
-                 "split_time")
+                 "split_time", "glossary_rewinds")
 
     def __init__(self, metrics: Metrics, model: str):
         for name in self.PER_MODEL:

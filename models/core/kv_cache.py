@@ -222,6 +222,14 @@ class SlotCache:
         self.inputs[dst, :n] = self.inputs[src, :n]
         self._changes += 1
 
+    def rewind(self, row: Row, length: int, token: int) -> None:
+        """The row goes back to its first `length` positions (its next step writes position `length`, fed
+        `token`): what it wrote past them is masked out by its length, then overwritten."""
+        if not 0 <= length <= self.length[row.slot]:
+            raise ValueError(f"cannot rewind a row of {self.length[row.slot]} positions to {length}")
+        self.length[row.slot] = length
+        row.token = token
+
     def reorder(self, rows: list[Row], parents: list[int]) -> None:
         """Beam search: rows[i] continues the self-attention history of rows[parents[i]]."""
         slots = np.array([r.slot for r in rows])

@@ -31,7 +31,8 @@ from server.core.request import EmbedJob, FinishEvent, FinishReason, GenerationR
 from server.core.choose import Choices, RowControls, make_rng
 from server.core.controls import step_controls
 from server.core.runaway import RunawayGuard
-from server.glossary.enforce import Progress, TermSet, end_candidates, term_set
+from server.glossary import placement
+from server.glossary.enforce import SETTINGS as TERMS, Progress, TermSet, end_candidates, term_set
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,11 @@ class Running:
     # (per hypothesis, or per beam row: reordered with the beam).
     terms: Optional[TermSet] = None
     progress: list[Progress] = field(default_factory=list)
+    # A greedy row with terms (placement.py): per output position, the model's log p of each pending term's
+    # first token there ({token: log p}); and each output token's own log p, when scored.
+    term_logp: list[list[dict]] = field(default_factory=list)
+    token_logp: list[list[float]] = field(default_factory=list)
+    rewound: bool = False  # it went back once: later pending terms are written before the ending
 
     def __post_init__(self) -> None:
         self.scored = self.job.scores or len(self.rows) > 1
@@ -188,6 +194,7 @@ class Scheduler:
         state.terms = term_set(job.terms, self.rules.pieces)
         if state.terms is not None:
             state.progress = [state.terms.start()] * len(rows)
+            state.term_logp, state.token_logp = [[] for _ in rows], [[] for _ in rows]
         state.plain = state.beam is None and not (p.sampling or state.scored or job.forced or job.prefix
                                                    or p.controlled or self.rules.force_eos_at_limit or job.terms)
         self.running.append(state)
@@ -196,12 +203,15 @@ class Scheduler:
 
     def controls(self) -> RowControls:
         """What the engine must do for each running row this step (server/core/controls.py). No logits here."""
-        return step_controls(self.running, self.cache.used, self.rules)
+        self._controls = step_controls(self.running, self.cache.used, self.rules)
+        return self._controls
 
     def update(self, choices: Choices, now: float) -> None:
         """The engine's choices for the rows in slot order, from one decode step."""
         tokens, logprobs = choices.token.tolist(), choices.logprob.tolist()
         failed = choices.failed
+        # Glossary rows: the boosted tokens and the model's log p of each, by slot (placement.py).
+        self._boosted = (self._controls.boost, choices.boost_logp) if choices.boost_logp is not None else None
         # Slots must not move while choices are read by slot: releases wait until the end.
         self._to_release: list[Row] = []
         self._gaps: list[float] = []
@@ -241,8 +251,12 @@ class Scheduler:
             if state.scored:
                 state.logprob[i] += logprobs[row.slot]
             if state.terms is not None:  # ending with glossary terms pending: the first one is written instead
-                tok, state.progress[i] = state.terms.instead_of_end(state.progress[i], tok, self.eos_id,
-                                                                    job.max_len - len(state.tokens[i]))
+                self._record_terms(state, i, row.slot, logprobs)
+                swapped, progress = state.terms.instead_of_end(state.progress[i], tok, self.eos_id,
+                                                               job.max_len - len(state.tokens[i]))
+                if swapped != tok and self._rewinds(state) and self._rewind(state, i, tok, swapped):
+                    continue  # ... or, greedy, the row goes back to the likeliest place of it (placement.py)
+                tok, state.progress[i] = swapped, progress
             if tok == self.eos_id:
                 state.live[i], state.ended_by_eos[i] = False, True
             else:
@@ -273,7 +287,7 @@ class Scheduler:
         # Streams follow hypothesis 0: its first token at once, then every stream_interval tokens,
         # and whatever is held when it ends (before the FinishEvent). Tokens repeating the n-gram
         # before them wait (they may turn out to be a loop the guard cuts) until the repeat breaks.
-        if state.unsent:
+        if state.unsent and not (state.live[0] and self._holds(state)):
             ready = len(state.unsent) - (len(state.tokens[0]) - state.kept[0]) if state.live[0] else len(state.unsent)
             if ready > 0 and (len(state.tokens[0]) == 1 or ready >= self.stream_interval or not state.live[0]):
                 job.sink(TokenEvent(state.unsent[:ready]))
@@ -324,6 +338,63 @@ class Scheduler:
         self.cache.reorder(state.rows, parents.tolist())
         for row, tok in zip(state.rows, tokens.tolist()):
             row.token = tok
+
+    # -- glossary terms a greedy row never began (server/glossary/placement.py) ---------------------
+    def _rewinds(self, state: Running) -> bool:
+        """Whether the job's row may go back for a term it never began: greedy, one row, once (each time
+        decodes the positions after the place again: once bounds what a sentence with many terms costs)."""
+        return TERMS.rewind and not state.rewound and len(state.rows) == 1 and not state.job.params.sampling
+
+    def _holds(self, state: Running) -> bool:
+        """A stream whose terms are not all written yet sends nothing: going back may still change its text."""
+        return state.terms is not None and self._rewinds(state) and \
+            bool(state.progress[0].pending or state.progress[0].seq)
+
+    def _record_terms(self, state: Running, i: int, slot: int, logprobs: list[float]) -> None:
+        """This step's output position of row i: the model's log p of the pending terms' first tokens."""
+        if not self._rewinds(state):
+            return
+        seen = {}
+        if self._boosted is not None:
+            ids, logp = self._boosted
+            seen = {t: lp for t, lp in zip(ids[slot].tolist(), logp[slot].tolist()) if t >= 0}
+        state.term_logp[i].append(seen)
+        if state.scored:
+            state.token_logp[i].append(logprobs[slot])
+
+    def _rewind(self, state: Running, i: int, tok: int, swapped: int) -> bool:
+        """Row i chose to end (`tok`) with a term pending: back to the place where the model found the term's
+        first token likeliest, the term forced from there. False where that place is the end: the term
+        is then written before the ending."""
+        terms, job = state.terms, state.job
+        base = state.tokens[i]
+        if tok != self.eos_id and terms.vocab.ends.get(tok, (-1,))[0] == swapped:  # "▁Straße." -> "▁Straße"
+            base = base + [swapped]
+        text = "".join(terms.vocab.piece_text(t) for t in base)
+        pending = terms._unwritten(state.progress[i].pending, text, final=True)
+        if not pending:
+            return False
+        first = terms.terms[pending[0]][0][0][0]
+        progress = placement.prefixes(terms, base)
+        t = placement.best_place(base, lambda x: terms.vocab.piece_text(x).startswith(" "),
+                                 [seen.get(first) for seen in state.term_logp[i]], progress, TERMS.rewind_within)
+        if t >= len(state.tokens[i]):
+            return False
+        n_forced = len(job.forced)
+        fed = base[t - 1] if t else job.forced[-1] if n_forced else self.rules.start_id
+        self.cache.rewind(state.rows[i], n_forced + t, fed)
+        state.step = n_forced + t - 1  # update() counts the step that just ran: the next is n_forced + t
+        del state.tokens[i][t:], state.term_logp[i][t:]
+        state.kept[i] = min(state.kept[i], t)
+        if state.scored:
+            del state.token_logp[i][t:]
+            state.logprob[i] = float(sum(state.token_logp[i]))
+        if job.stream:  # it held everything while the term was pending
+            state.unsent = list(state.tokens[i])
+        state.progress[i] = placement.placed(terms, progress[t], pending[0])
+        state.rewound = True
+        self.m.glossary_rewinds.inc()
+        return True
 
     def _observe_token(self, job: Job, now: float) -> None:
         t = job.timing

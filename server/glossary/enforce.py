@@ -57,6 +57,12 @@ class Settings:
     # place the model still finds plausible, before the end insertion would put it before the full stop.
     ramp: float = 0.0
     ramp_from: float = 0.5
+    # A greedy row ending with a term it never began goes back to where the model found the term likeliest
+    # (server/glossary/placement.py); False: the term is written before the ending (the rule above).
+    rewind: bool = True
+    # ... only to a place where the term's first token was within this many nats of the model's choice
+    # (a term the model never found plausible anywhere costs a rewind and gains no place: the end will do).
+    rewind_within: float = 5.0
 
     def restore(self, saved: "Settings") -> None:
         """Every field back to `saved`'s, in this object: the engine reads the module's SETTINGS by name."""

@@ -17,7 +17,8 @@ covered when the output shows it as whole words (server/glossary/matching.py `ap
 
 Configurations: `none` (no glossary), `force` (a term begun by the model is completed, no bonus,
 ends allowed), `bonusN` (force + a bonus of N on pending terms' first tokens; `+eos` adds the end
-insertion, `+rampR` grows the bonus by R per token past `+fromF` x the source's length), `chosen` (the
+insertion, `+rampR` grows the bonus by R per token past `+fromF` x the source's length, `+rewind` sends
+a greedy row back to the likeliest place of a term it never began, server/glossary/placement.py), `chosen` (the
 server's settings, server/glossary/enforce.py SETTINGS), `placeholder` (the simplest baseline: each
 source term replaced by a placeholder the document pipeline takes out and puts back by word
 position, then the placeholder replaced by the target term). Decoding runs in this process, on
@@ -198,6 +199,7 @@ def evaluate(pair: str, split: str, modes: list[str], configs: list[str], limit:
                     enforce.SETTINGS.ramp = next((float(x[4:]) for x in parts if x.startswith("ramp")), 0.0)
                     enforce.SETTINGS.ramp_from = next((float(x[4:]) for x in parts if x.startswith("from")),
                                                       saved.ramp_from)
+                    enforce.SETTINGS.rewind = "rewind" in parts
                 try:
                     outputs, ids, seconds = decoder.translate(sources, glossaries, beam)
                 finally:

@@ -5,6 +5,7 @@ rows; batch invariance)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -12,8 +13,9 @@ import pytest
 from server.core.choose import RowControls, TokenChooser
 from server.core.request import GenerationRules
 from server.glossary import enforce
+from server.glossary import placement
 from server.glossary.enforce import TermSet, vocabulary
-from tests.unit.test_engine_core_scripted import BOS, EOS, Bench, ScriptedRuntime, says
+from tests.unit.test_engine_core_scripted import BOS, EOS, Bench, ScriptedRuntime, follows, says
 
 # Token texts for the scripted model's 100 ids: "▁w<i>" unless named here.
 NAMED = {40: "\u2581Dr", 41: "aht", 42: "esel", 43: "esel.", 44: ".", 45: "\u2581Drahtesel", 46: "\u2581Gasse",
@@ -138,3 +140,58 @@ def test_rows_without_terms_decode_as_without_and_batches_change_nothing():
     assert together == [run(spec)[0] for spec in specs]
     assert together[1] == together[2] == [30, 31, 32, 33]
     assert text(together[0]) == "w10 w11 w12 Drahtesel Gasse"
+
+
+# -- a term the model never began: the row goes back to its likeliest place (placement.py) ------------
+# After "w10" the model gives "Gasse" 0.15 against "w11" 0.6 (1.39 nats behind: more than the bonus of 1,
+# so it does not begin it), and less everywhere else; then it ends. Going back writes it after "w10".
+GASSE_LATE = follows({(): {10: 0.6, 46: 0.05}, (10,): {11: 0.6, 46: 0.15}, (10, 11): {EOS: 0.9, 46: 0.02},
+                      (10, 46): {12: 0.9}, (10, 46, 12): {EOS: 0.9}, (10, 11, 46): {EOS: 0.9}})
+
+
+def test_best_place_is_a_word_boundary_nearest_the_models_choice():
+    starts = lambda t: PIECES[t].startswith("\u2581")  # noqa: E731
+    terms = TermSet((GASSE,), vocabulary(PIECES))
+    base = [10, 40, 41, 12]  # "w10 Dr|aht w12": 41 continues a word
+    progress = placement.prefixes(terms, base)
+    assert placement.best_place(base, starts, [-2.0, -3.0, -0.5, -2.5, -4.0], progress) == 0  # 2 is inside a word
+    assert placement.best_place(base, starts, [-2.0, -3.0, -0.5, -1.0, -4.0], progress) == 3
+    assert placement.best_place(base, starts, [-2.0, None, None, None, -1.0], progress) == 4  # the end is best: no rewind
+    assert placement.best_place(base, starts, [-6.0, None, None, -7.0, None], progress, within=5.0) == 4  # too unlikely
+    assert placement.best_place(base, starts, [-2.0, None, None, -2.0, None], progress) == 3  # a tie: the later
+
+
+def test_a_greedy_row_goes_back_for_a_term_it_never_began(settings):
+    def run(rewind: bool, inplace: bool, **kw):
+        settings.rewind = rewind
+        b = bench(runtime=ScriptedRuntime({(70, 71): GASSE_LATE}, inplace=inplace))
+        job = b.submit(b.job((70, 71), terms=(GASSE,), **kw))
+        b.run()
+        return b, job
+    for inplace in (False, True):  # the copying step and the in-place step: the cache goes back the same
+        b, job = run(False, inplace)
+        assert text(b.tokens(job)) == "w10 w11 Gasse"  # written before the ending
+        b, job = run(True, inplace)
+        assert text(b.tokens(job)) == "w10 Gasse w12"  # after "w10", where the model found it likeliest
+        assert b.metrics.glossary_rewinds.labels("m")._value.get() == 1
+    b, job = run(True, False, scores=True)  # the score: the model's log p of what was returned, nothing undone
+    expected = math.log(0.6 / 0.65) + math.log(0.15 / 0.75)  # each position's named tokens are its whole mass
+    assert b.end(job).hypotheses[0].score == pytest.approx(expected, abs=1e-4)
+
+
+def test_going_back_is_the_same_streamed_batched_and_alone(settings):
+    def run(*specs):
+        b = bench(runtime=ScriptedRuntime({(70, 71): GASSE_LATE, (20, 21): says(30, 31, 32, 33)}), slots=12)
+        jobs = [b.job(src, **kw) for src, kw in specs]
+        b.submit(*jobs)
+        b.run()
+        return b, jobs
+    specs = [((70, 71), {"terms": (GASSE,)}), ((20, 21), {}), ((70, 71), {"terms": (GASSE,), "stream": True}),
+             ((20, 21), {"terms": (DRAHTESEL,)})]
+    b, jobs = run(*specs)
+    together = [b.tokens(j) for j in jobs]
+    assert together == [b2.tokens(j2[0]) for b2, j2 in (run(spec) for spec in specs)]
+    assert together[0] == together[2] == [10, 46, 12]
+    # The stream held its text while it might still go back ("w11" was never sent); once it has gone back
+    # (once is all), what precedes the place is final and goes out, then each token as it comes.
+    assert b.streamed(jobs[2]) == [[10], [46], [12]]

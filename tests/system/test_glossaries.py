@@ -308,3 +308,25 @@ def test_sentences_without_terms_are_token_identical_and_batches_do_not_change_t
     with concurrent.futures.ThreadPoolExecutor(24) as pool:  # the same requests, many at once, mixed
         together = list(pool.map(lambda case: one(*case), cases * 4))
     assert together == solo * 4
+
+
+def test_a_term_never_begun_goes_where_the_model_found_it_likeliest(srv):
+    """The shipped en-de model translates "guy" as "Mann" and ends; the row goes back to after "Ein",
+    where it found "Typ" likeliest, instead of writing "Typ" before the full stop (docs/glossaries.md).
+    Streamed and unary give the same tokens; so does the same request among others."""
+    s = stub(srv)
+    terms = entries(guy="Typ")
+    text = "A guy is running away from a black bull."
+    before = srv.metric("nmt_glossary_rewinds_total", missing_ok=True)
+    unary = s.Translate(pb.TranslateRequest(texts=[text], return_tokens=True, glossary_entries=terms), timeout=60)
+    got = unary.translations[0].hypotheses[0]
+    assert got.text.startswith("Ein Typ ") and got.text.endswith(".") and " Typ." not in got.text
+    assert srv.settled_metric("nmt_glossary_rewinds_total", before + 1) == before + 1
+    streamed = list(s.TranslateStream(pb.TranslateStreamRequest(text=text, glossary_entries=terms), timeout=60))
+    assert "".join(m.delta for m in streamed) == got.text
+    texts = [text, SENTENCE, "A guy rides a bike.", text] * 2
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        many = list(pool.map(lambda t: list(s.Translate(pb.TranslateRequest(
+            texts=[t], return_tokens=True, glossary_entries=terms), timeout=60).translations[0].hypotheses[0].token_ids),
+            texts))
+    assert [ids for t, ids in zip(texts, many) if t == text] == [list(got.token_ids)] * 4

@@ -59,9 +59,10 @@ class Running:
     # (per hypothesis, or per beam row: reordered with the beam).
     terms: Optional[TermSet] = None
     progress: list[Progress] = field(default_factory=list)
-    # A greedy row with terms (placement.py): per output position, the model's log p of each pending term's
-    # first token there ({token: log p}); and each output token's own log p, when scored.
-    term_logp: list[list[dict]] = field(default_factory=list)
+    # A greedy row with terms (placement.py): per output position, the boosted tokens and the model's log p
+    # of each there less its best (two rows of the step's arrays, None where nothing was boosted); and
+    # each output token's own log p, when scored.
+    term_logp: list[list[Optional[tuple]]] = field(default_factory=list)
     token_logp: list[list[float]] = field(default_factory=list)
     rewound: bool = False  # it went back once: later pending terms are written before the ending
 
@@ -354,11 +355,8 @@ class Scheduler:
         """This step's output position of row i: the model's log p of the pending terms' first tokens."""
         if not self._rewinds(state):
             return
-        seen = {}
-        if self._boosted is not None:
-            ids, logp = self._boosted
-            seen = {t: lp for t, lp in zip(ids[slot].tolist(), logp[slot].tolist()) if t >= 0}
-        state.term_logp[i].append(seen)
+        # The step's rows, kept as they are (each step's arrays are new): read only if the row goes back.
+        state.term_logp[i].append(None if self._boosted is None else (self._boosted[0][slot], self._boosted[1][slot]))
         if state.scored:
             state.token_logp[i].append(logprobs[slot])
 
@@ -377,7 +375,8 @@ class Scheduler:
         first = terms.terms[pending[0]][0][0][0]
         progress = placement.prefixes(terms, base)
         t = placement.best_place(base, lambda x: terms.vocab.piece_text(x).startswith(" "),
-                                 [seen.get(first) for seen in state.term_logp[i]], progress, TERMS.rewind_within)
+                                 [placement.logp_of(first, seen) for seen in state.term_logp[i]], progress,
+                                 TERMS.rewind_within)
         if t >= len(state.tokens[i]):
             return False
         n_forced = len(job.forced)

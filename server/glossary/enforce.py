@@ -62,7 +62,7 @@ class Settings:
     rewind: bool = True
     # ... only to a place where the term's first token was within this many nats of the model's choice
     # (a term the model never found plausible anywhere costs a rewind and gains no place: the end will do).
-    rewind_within: float = 5.0
+    rewind_within: float = 3.0
 
     def restore(self, saved: "Settings") -> None:
         """Every field back to `saved`'s, in this object: the engine reads the module's SETTINGS by name."""

@@ -32,6 +32,15 @@ def prefixes(terms: TermSet, base: Sequence[int]) -> list[Progress]:
     return out
 
 
+def logp_of(token: int, seen: Optional[tuple]) -> Optional[float]:
+    """`token`'s recorded log p at one position (seen: that step's boosted ids and their log p), or None."""
+    if seen is None:
+        return None
+    ids, logp = seen
+    hit = (ids == token).nonzero()[0]
+    return float(logp[hit[0]]) if len(hit) else None
+
+
 def best_place(base: Sequence[int], starts_word: Callable[[int], bool], logp: Sequence[Optional[float]],
                progress: Sequence[Progress], within: float = float("inf")) -> int:
     """The place (0 .. len(base)) where the term goes: a word boundary, not inside another term being

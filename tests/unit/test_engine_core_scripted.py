@@ -332,6 +332,27 @@ def test_interactive_texts_are_admitted_before_waiting_background_ones():
     assert not bench.sched.background
 
 
+def test_work_queued_behind_a_job_that_cannot_start_is_swept_for_cancels_and_deadlines():
+    """Admission reads the queue's head; what waits behind a job that found no slot is looked at for
+    cancellations and deadlines every SWEEP_S (answered that late at most), not at every step."""
+    from server.core.scheduler import SWEEP_S
+    bench = Bench(slots=1)
+    now = time.monotonic()
+    bench.submit(bench.job((10, 11, 12, 13)))
+    bench.step(now)  # the slot is taken
+    blocked, cancelled, expiring = bench.submit(bench.job((20,)), bench.job((21,)), bench.job((22,), deadline=now + 1))
+    cancelled.cancel()
+    bench.step(now + 2)  # swept (the first look): both answered although the head cannot start
+    assert isinstance(bench.end(cancelled), Cancelled) and isinstance(bench.end(expiring), DeadlineExceeded)
+    later = bench.submit(bench.job((23,)))
+    later.cancel()
+    bench.step(now + 2 + SWEEP_S / 2)  # within the interval: not looked at yet
+    assert bench.events[later.id] == []
+    bench.step(now + 2 + SWEEP_S)
+    assert isinstance(bench.end(later), Cancelled)
+    assert list(bench.sched.waiting) == [blocked]
+
+
 def test_background_texts_take_at_most_half_the_queue():
     bench = Bench(max_queue=8)
     bench.submit(*[bench.job((20 + i,), background=True) for i in range(3)])

@@ -63,9 +63,9 @@ class Running:
     # (per hypothesis, or per beam row: reordered with the beam).
     terms: Optional[TermSet] = None
     progress: list[Progress] = field(default_factory=list)
-    # A greedy row with terms (placement.py): per output position, the boosted tokens and the model's log p
-    # of each there less its best (two rows of the step's arrays, None where nothing was boosted); and
-    # each output token's own log p, when scored.
+    # A greedy row with terms (placement.py): per output position, the step's boosted tokens and the model's
+    # log p of each less its best (the step's two arrays, or None, and the row's slot that step; each
+    # step's arrays are new); and each output token's own log p, when scored.
     term_logp: list[list[Optional[tuple]]] = field(default_factory=list)
     token_logp: list[list[float]] = field(default_factory=list)
     rewound: bool = False  # it went back once: later pending terms are written before the ending
@@ -258,6 +258,7 @@ class Scheduler:
         job = state.job
         finished_rows = []
         forced = state.step < len(job.forced)
+        rewinds = state.terms is not None and self._rewinds(state)
         for i in [i for i, live in enumerate(state.live) if live]:
             row = state.rows[i]
             tok = tokens[row.slot]
@@ -267,10 +268,13 @@ class Scheduler:
             if state.scored:
                 state.logprob[i] += logprobs[row.slot]
             if state.terms is not None:  # ending with glossary terms pending: the first one is written instead
-                self._record_terms(state, i, row.slot, logprobs)
+                if rewinds:  # this output position's record, read only if the row goes back (placement.py)
+                    state.term_logp[i].append((self._boosted, row.slot))
+                    if state.scored:
+                        state.token_logp[i].append(logprobs[row.slot])
                 swapped, progress = state.terms.instead_of_end(state.progress[i], tok, self.eos_id,
                                                                job.max_len - len(state.tokens[i]))
-                if swapped != tok and self._rewinds(state) and self._rewind(state, i, tok, swapped):
+                if swapped != tok and rewinds and self._rewind(state, i, tok, swapped):
                     continue  # ... or, greedy, the row goes back to the likeliest place of it (placement.py)
                 tok, state.progress[i] = swapped, progress
             if tok == self.eos_id:
@@ -366,15 +370,6 @@ class Scheduler:
         return state.terms is not None and self._rewinds(state) and \
             bool(state.progress[0].pending or state.progress[0].seq)
 
-    def _record_terms(self, state: Running, i: int, slot: int, logprobs: list[float]) -> None:
-        """This step's output position of row i: the model's log p of the pending terms' first tokens."""
-        if not self._rewinds(state):
-            return
-        # The step's rows, kept as they are (each step's arrays are new): read only if the row goes back.
-        state.term_logp[i].append(None if self._boosted is None else (self._boosted[0][slot], self._boosted[1][slot]))
-        if state.scored:
-            state.token_logp[i].append(logprobs[slot])
-
     def _rewind(self, state: Running, i: int, tok: int, swapped: int) -> bool:
         """Row i chose to end (`tok`) with a term pending: back to the place where the model found the term's
         first token likeliest, the term forced from there. False where that place is the end: the term
@@ -388,9 +383,9 @@ class Scheduler:
         if not pending:
             return False
         first = terms.terms[pending[0]][0][0][0]
-        progress = placement.prefixes(terms, base)
+        replay = placement.Replay(terms, base)
         t = placement.best_place(base, lambda x: terms.vocab.piece_text(x).startswith(" "),
-                                 [placement.logp_of(first, seen) for seen in state.term_logp[i]], progress,
+                                 [placement.logp_of(first, seen) for seen in state.term_logp[i]], replay.inside_term,
                                  TERMS.rewind_within)
         if t >= len(state.tokens[i]):
             return False
@@ -405,7 +400,7 @@ class Scheduler:
             state.logprob[i] = float(sum(state.token_logp[i]))
         if job.stream:  # it held everything while the term was pending
             state.unsent = list(state.tokens[i])
-        state.progress[i] = placement.placed(terms, progress[t], pending[0])
+        state.progress[i] = placement.placed(terms, replay.at(t), pending[0])
         state.rewound = True
         self.m.glossary_rewinds.inc()
         return True

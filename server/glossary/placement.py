@@ -24,40 +24,51 @@ from typing import Callable, Optional, Sequence
 from server.glossary.enforce import Progress, TermSet
 
 
-def prefixes(terms: TermSet, base: Sequence[int]) -> list[Progress]:
-    """The row's progress after each prefix of `base`: [after 0 tokens, after 1, ..., after all]."""
-    out = [terms.start()]
-    for token in base:
-        out.append(terms.advance(out[-1], token))
-    return out
+class Replay:
+    """The row's progress after each prefix of `base`, replayed as far as asked (most rows that end with
+    a term pending do not go back: the replay is only paid for a place that is a candidate)."""
+
+    def __init__(self, terms: TermSet, base: Sequence[int]):
+        self.terms, self.base = terms, base
+        self.done = [terms.start()]
+
+    def at(self, t: int) -> Progress:
+        """The progress after base[:t]."""
+        while len(self.done) <= t:
+            self.done.append(self.terms.advance(self.done[-1], self.base[len(self.done) - 1]))
+        return self.done[t]
+
+    def inside_term(self, t: int) -> bool:
+        """Whether place t falls inside a term being written."""
+        return bool(self.at(t).seq)
 
 
-def logp_of(token: int, seen: Optional[tuple]) -> Optional[float]:
-    """`token`'s recorded log p at one position (seen: that step's boosted ids and their log p), or None."""
-    if seen is None:
+def logp_of(token: int, seen: tuple) -> Optional[float]:
+    """`token`'s recorded log p at one position, or None: seen is ((that step's boosted ids, their log p) or
+    None, the row's slot that step)."""
+    arrays, slot = seen
+    if arrays is None:
         return None
-    ids, logp = seen
+    ids, logp = arrays[0][slot], arrays[1][slot]
     hit = (ids == token).nonzero()[0]
     return float(logp[hit[0]]) if len(hit) else None
 
 
 def best_place(base: Sequence[int], starts_word: Callable[[int], bool], logp: Sequence[Optional[float]],
-               progress: Sequence[Progress], within: float = float("inf")) -> int:
+               inside_term: Callable[[int], bool], within: float = float("inf")) -> int:
     """The place (0 .. len(base)) where the term goes: a word boundary, not inside another term being
     written, with the highest log-probability recorded for its first token there (the later on a tie);
-    len(base), the end, when no earlier place has one, or none within `within` of the model's choice
-    (logp holds each place's distance from it)."""
-    best, place = None, len(base)
-    for t in range(len(base)):
-        score = logp[t] if t < len(logp) else None
-        if score is None or not starts_word(base[t]) or progress[t].seq:
-            continue
-        if best is None or score >= best:
-            best, place = score, t
+    len(base), the end, when no earlier place beats the end's, or none is within `within` of the
+    model's choice (logp holds each place's distance from it)."""
     end = logp[len(base)] if len(base) < len(logp) else None
-    if best is None or best < -within or (end is not None and end >= best):
-        return len(base)
-    return place
+    places = sorted((t for t in range(min(len(base), len(logp))) if logp[t] is not None and starts_word(base[t])),
+                    key=lambda t: (-logp[t], -t))
+    for t in places:
+        if logp[t] < -within or (end is not None and end >= logp[t]):
+            break
+        if not inside_term(t):
+            return t
+    return len(base)
 
 
 def placed(terms: TermSet, at: Progress, constraint: int) -> Progress:

@@ -153,12 +153,18 @@ def test_best_place_is_a_word_boundary_nearest_the_models_choice():
     starts = lambda t: PIECES[t].startswith("\u2581")  # noqa: E731
     terms = TermSet((GASSE,), vocabulary(PIECES))
     base = [10, 40, 41, 12]  # "w10 Dr|aht w12": 41 continues a word
-    progress = placement.prefixes(terms, base)
-    assert placement.best_place(base, starts, [-2.0, -3.0, -0.5, -2.5, -4.0], progress) == 0  # 2 is inside a word
-    assert placement.best_place(base, starts, [-2.0, -3.0, -0.5, -1.0, -4.0], progress) == 3
-    assert placement.best_place(base, starts, [-2.0, None, None, None, -1.0], progress) == 4  # the end is best: no rewind
-    assert placement.best_place(base, starts, [-6.0, None, None, -7.0, None], progress, within=5.0) == 4  # too unlikely
-    assert placement.best_place(base, starts, [-2.0, None, None, -2.0, None], progress) == 3  # a tie: the later
+    inside = placement.Replay(terms, base).inside_term
+    assert placement.best_place(base, starts, [-2.0, -3.0, -0.5, -2.5, -4.0], inside) == 0  # 2 is inside a word
+    assert placement.best_place(base, starts, [-2.0, -3.0, -0.5, -1.0, -4.0], inside) == 3
+    assert placement.best_place(base, starts, [-2.0, None, None, None, -1.0], inside) == 4  # the end is best: no rewind
+    assert placement.best_place(base, starts, [-6.0, None, None, -7.0, None], inside, within=5.0) == 4  # too unlikely
+    assert placement.best_place(base, starts, [-2.0, None, None, -2.0, None], inside) == 3  # a tie: the later
+    # A word boundary inside a term being written (the two-word "Gasse weg", begun at 1) is no place.
+    two_words = TermSet(((((46, 48),), (), ("Gasse weg",)), GASSE), vocabulary(PIECES))
+    base = [10, 46, 48, 12]
+    replay = placement.Replay(two_words, base)
+    assert replay.inside_term(2) and not replay.inside_term(3)
+    assert placement.best_place(base, starts, [-3.0, -2.5, -0.5, -2.0, -4.0], replay.inside_term) == 3
 
 
 def test_a_greedy_row_goes_back_for_a_term_it_never_began(settings):

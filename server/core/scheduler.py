@@ -102,6 +102,8 @@ class Scheduler:
         self.wakeup = threading.Condition(self.lock)
         self.closed = False
         self._unsorted = False  # jobs were queued since the last sort (background work goes last)
+        self._controls: Optional[RowControls] = None  # this step's (update() reads the boosted tokens)
+        self._boosted: Optional[tuple] = None
         self._swept = -float("inf")  # when schedule() last looked at the whole queue
 
     # -- service side (any thread) ----------------------------------------------
@@ -227,7 +229,8 @@ class Scheduler:
         tokens, logprobs = choices.token.tolist(), choices.logprob.tolist()
         failed = choices.failed
         # Glossary rows: the boosted tokens and the model's log p of each, by slot (placement.py).
-        self._boosted = (self._controls.boost, choices.boost_logp) if choices.boost_logp is not None else None
+        self._boosted = (self._controls.boost, choices.boost_logp) \
+            if choices.boost_logp is not None and self._controls is not None else None
         # Slots must not move while choices are read by slot: releases wait until the end.
         self._to_release: list[Row] = []
         self._gaps: list[float] = []
@@ -379,7 +382,7 @@ class Scheduler:
         if tok != self.eos_id and terms.vocab.ends.get(tok, (-1,))[0] == swapped:  # "▁Straße." -> "▁Straße"
             base = base + [swapped]
         text = "".join(terms.vocab.piece_text(t) for t in base)
-        pending = terms._unwritten(state.progress[i].pending, text, final=True)
+        pending = terms.unwritten(state.progress[i].pending, text, final=True)
         if not pending:
             return False
         first = terms.terms[pending[0]][0][0][0]

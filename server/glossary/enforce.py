@@ -162,7 +162,8 @@ class TermSet:
     def start(self) -> Progress:
         return Progress(tuple(range(len(self.terms))))
 
-    def _unwritten(self, pending: tuple[int, ...], text: str, final: bool = False) -> tuple[int, ...]:
+    def unwritten(self, pending: tuple[int, ...], text: str, final: bool = False) -> tuple[int, ...]:
+        """The constraints of `pending` whose text forms `text` does not show (`written`)."""
         # `form in text` first: a substring test in C rules out most forms at every step for a fraction of
         # written()'s cost (the bookkeeping is per row and step: issue 37's throughput target).
         return tuple(c for c in pending
@@ -186,7 +187,7 @@ class TermSet:
                         seq, pos = spelled, 1
                     break
         # While an ending is held back the text's last word is whole: terms are written right after it.
-        return Progress(self._unwritten(pending, text, final=end >= 0 and not seq), seq, pos, end, text)
+        return Progress(self.unwritten(pending, text, final=end >= 0 and not seq), seq, pos, end, text)
 
     def forced(self, p: Progress) -> int:
         """The token the row must write next, or -1: a begun term's next token; after an ending the model
@@ -223,7 +224,7 @@ class TermSet:
             if self.advance(p, token).done:
                 return token, p
             return stem, Progress(p.pending, (), 0, closer, p.text)
-        pending = self._unwritten(p.pending, p.text, final=True)  # the text ends here: its last word is whole
+        pending = self.unwritten(p.pending, p.text, final=True)  # the text ends here: its last word is whole
         if not pending:
             return token, Progress((), (), 0, -1, p.text)
         return self.terms[pending[0]][0][0][0], Progress(pending, (), 0, token, p.text)

@@ -1,9 +1,12 @@
 """A frontend's side of the engine core: queue jobs, cancel them, deliver their events.
 
-Runs on the frontend's asyncio loop (zmq.asyncio: the socket is only ever touched there). A job
+Runs on the frontend's asyncio loop (zmq.asyncio: the sockets are only ever touched there). A job
 submitted here keeps its sink and its frontend-side `Job` object; the core gets a `JobSpec` and
 answers `Accepted` or `Refused` (queue full, shutting down: the same ServiceError kinds as the
 in-process scheduler raises, so admission and the status mapping do not know which side ran it).
+Two sockets: a DEALER to the core's ROUTER for requests and their answers, and a PULL socket of this
+link's own, named in the Hello, where the core's engine threads send the Events (one PUSH socket
+each, so a job's events arrive in order; server/coreprocess/process.py says why).
 
 Each `Events` message is delivered in one go (every sink of a stream posts to the loop's relay,
 one wake-up for the lot). If it finds this loop's streams still holding the previous message's events,
@@ -19,9 +22,11 @@ silently dropped) and refuses new work until the supervisor has a new core Ready
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
+import tempfile
 import threading
 import time
 from typing import Optional
@@ -54,6 +59,8 @@ class CoreLink:
         self.holding = False  # the core was told Hold and not yet Resume
         self.ctx = zmq.asyncio.Context()
         self.sock: Optional[zmq.asyncio.Socket] = None
+        self.events: Optional[zmq.asyncio.Socket] = None  # the PULL socket the engine threads send to
+        self.events_address = events_address(address)
         self.jobs: dict[int, Job | EmbedJob] = {}  # in the core, until their terminal event
         self.waiting: dict[int, asyncio.Future] = {}  # submit / metrics tickets awaiting an answer
         self.submitting: dict[int, list] = {}  # ticket -> its jobs, until Accepted or Refused
@@ -62,6 +69,7 @@ class CoreLink:
         self.ready: Optional[asyncio.Future] = None
         self.up = False  # a core is Ready and has not been lost since
         self._receiver: Optional[asyncio.Task] = None
+        self._events_receiver: Optional[asyncio.Task] = None
 
     # -- connection ------------------------------------------------------------------------
     async def connect(self) -> wire.Ready:
@@ -74,20 +82,32 @@ class CoreLink:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.IDENTITY, identity(os.getpid()))  # the primary names a dead frontend by it
         self.sock.connect(self.address)
+        self.events = self.ctx.socket(zmq.PULL)
+        self.events.setsockopt(zmq.LINGER, 0)
+        self.events.setsockopt(zmq.RCVHWM, 0)  # the core's Hold/Resume bounds what it sends, never a drop
+        if self.events_address.startswith("ipc://"):  # a stale file from a killed process of the same pid
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.events_address[len("ipc://"):])
+        self.events.bind(self.events_address)
         self.ready = self._loop.create_future()
         self._receiver = asyncio.create_task(self._receive(self.sock), name="core-link")
-        await self.sock.send(wire.encode(wire.Hello()))
+        self._events_receiver = asyncio.create_task(self._receive(self.events), name="core-events")
+        await self.sock.send(wire.encode(wire.Hello(self.events_address)))
         ready = await self.ready
         self.up = True
         return ready
 
     def _close_socket(self) -> None:
-        if self._receiver is not None:
-            self._receiver.cancel()
-            self._receiver = None
+        for task in (self._receiver, self._events_receiver):
+            if task is not None:
+                task.cancel()
+        self._receiver = self._events_receiver = None
         if self.sock is not None:
             self.sock.close(0)
             self.sock = None
+        if self.events is not None:
+            self.events.close(0)
+            self.events = None
 
     def lost(self, error: Exception) -> int:
         """The core is gone: fail every job and ticket in flight with `error`; returns the jobs failed."""
@@ -178,11 +198,12 @@ class CoreLink:
 
     # -- answers -----------------------------------------------------------------------------
     async def _receive(self, sock: zmq.asyncio.Socket) -> None:
+        """Read one socket (the requests' DEALER or the Events' PULL) until the link closes it."""
         while True:
             msg = wire.to_frontend(await sock.recv(copy=True))
             if isinstance(msg, wire.Events):
                 if self.outflow.pending and not self.holding:  # the last message's events are still waiting
-                    self._hold(sock)
+                    self._hold()
                 self._deliver(msg.items)
             elif isinstance(msg, wire.Ready):
                 if self.ready is not None and not self.ready.done():
@@ -196,9 +217,10 @@ class CoreLink:
                 else:
                     future.set_result(msg.text if isinstance(msg, wire.MetricsText) else None)
 
-    def _hold(self, sock: zmq.asyncio.Socket) -> None:
+    def _hold(self) -> None:
         """Tell the core to collect; Resume once this loop's streams have taken what they were given (the
         relay's drain and the streams run first), or after MAX_HOLD_S at the latest."""
+        sock = self.sock  # the requests' socket (the core's main thread reads Hold and Resume)
         self.holding = True
         sock.send(wire.encode(wire.Hold()))
         resumed = []
@@ -237,6 +259,8 @@ class CoreLink:
                 job.sink(job.failure(error))
 
 
+
+
 def identity(pid: int) -> bytes:
     """A frontend's routing id at the core."""
     return f"frontend-{pid}".encode()
@@ -244,3 +268,14 @@ def identity(pid: int) -> bytes:
 
 def socket_address(directory: str) -> str:
     return f"ipc://{os.path.join(directory, 'core.sock')}"
+
+
+_links = itertools.count(1)
+
+
+def events_address(core_address: str) -> str:
+    """Where a link's PULL socket binds: beside the core's socket (the core's directory), named by this
+    process and link so frontends and replicas never share one."""
+    name = f"events-{os.getpid()}-{next(_links)}.sock"
+    directory = os.path.dirname(core_address[len("ipc://"):]) if core_address.startswith("ipc://") else ""
+    return f"ipc://{os.path.join(directory or tempfile.gettempdir(), name)}"

@@ -7,13 +7,20 @@ caller's connection with it. Here the frontends (server/coreprocess/link.py) kee
 the protobuf, documents and detokenisation; the core keeps the model and the decode loop.
 
 Threads: one engine loop per model (server/core/loop.py, unchanged), and this process's main thread,
-which owns the socket (ZeroMQ sockets are single-threaded). Engine threads never touch the socket:
-their sinks append to a per-frontend `Outbox` and wake the main thread once per step (through the
-same hold/flush rule as the asyncio relay, server/relay.py). The main thread then sends each
-frontend one `Events` message with everything since the last, unless the frontend has said it is
-behind (`Hold`, until `Resume`); meanwhile it keeps collecting, and a stream's consecutive tokens
-merge into one item: a frontend that falls behind gets fewer, fuller messages, an idle one each
-token at once (coalescing by back-pressure), and a frontend that keeps up sends nothing back.
+which owns the ROUTER socket (ZeroMQ sockets are single-threaded): it takes the frontends' requests
+and answers them. Events go out from the engine threads themselves: each (frontend, model) pair has
+an `Outbox` that the model's engine thread fills during a step and sends once at its end, on a PUSH
+socket of its own connected to the frontend's PULL socket (the address in its Hello).
+
+Measured problem (issue 35, py-spy over a core serving one stream): when the main thread sent the
+events, every step cost a wake-up write on the engine thread, a poll return and a send on the main
+thread and the interpreter lock passing between the two, about a third of the core's CPU at one
+stream. Sending from the engine thread costs the send alone. The rule that decides what goes is the
+same: one `Events` message per step with everything since the last, unless the frontend has said it
+is behind (`Hold`, until `Resume`); meanwhile the outbox keeps collecting, and a stream's consecutive
+tokens merge into one item: a frontend that falls behind gets fewer, fuller messages, an idle one each
+token at once (coalescing by back-pressure), and a frontend that keeps up sends nothing back. A
+job's events all come from its model's engine thread through one socket, so they arrive in order.
 """
 from __future__ import annotations
 
@@ -61,14 +68,18 @@ def to_wire(job_id: int, event) -> wire.Event:
 
 
 class Outbox:
-    """One frontend's events, collected from the engine threads until the main thread sends them."""
+    """One frontend's events from one model's engine thread, collected during a step and sent at its end."""
 
-    def __init__(self, identity: bytes, wake) -> None:
-        self.identity, self._wake_fd = identity, wake
+    def __init__(self, identity: bytes, ctx: zmq.Context, address: str, wake_fd: int) -> None:
+        self.identity, self.ctx, self._wake_fd = identity, ctx, wake_fd
+        self.address = address  # the frontend's PULL socket ("": the main thread sends, on the ROUTER)
+        self.sock: Optional[zmq.Socket] = None  # the engine thread's PUSH socket, made on its first send
+        self.sock_address = ""
         self.lock = threading.Lock()
         self.items: list[wire.Event] = []
         self.tokens_at: dict[int, int] = {}  # job id -> index of its pending Tokens item (merged into)
         self.held = False  # the frontend said it is behind (Hold) and has not said Resume yet
+        self.gone = False  # the frontend died (Forget): drop what comes, close the socket
         # A job's first tokens and its end go out at once, held or not: back-pressure merges the
         # tokens in between, never delays a stream's first token (TTFT) or a unary call's answer.
         self.urgent = False
@@ -92,11 +103,42 @@ class Outbox:
                 self.started.discard(item.id)
                 self.urgent = True
             self.items.append(item)
-        if not relay.defer_wake(self):  # the engine thread wakes the main thread once per step
-            self._wake()
+        # On the engine thread (wake-ups held) the step's end sends (_wake); on any other thread the
+        # main thread does, and only for an outbox without a PULL address (see _wake_main).
+        if not relay.defer_wake(self):
+            self._wake_main()
+
+    def _wake_main(self) -> None:
+        os.write(self._wake_fd, b"x")
 
     def _wake(self) -> None:
-        os.write(self._wake_fd, b"x")
+        """The engine step's end (relay.flush, on the engine thread): send what the step collected."""
+        if not self.address:
+            self._wake_main()
+            return
+        if self.gone:
+            self.take()
+            self.close(0)
+            return
+        if self.held and not self.urgent:
+            return  # the frontend is behind: keep collecting (its streams' tokens merge)
+        items = self.take()
+        if not items:
+            return
+        if self.sock is None or self.sock_address != self.address:  # first send, or the frontend reconnected
+            self.close(0)
+            self.sock = self.ctx.socket(zmq.PUSH)
+            self.sock.setsockopt(zmq.SNDHWM, 0)  # never drop or block: Hold/Resume bounds what is queued
+            self.sock.setsockopt(zmq.LINGER, 2000)
+            self.sock.connect(self.address)
+            self.sock_address = self.address
+        self.sock.send(wire.encode(wire.Events(items)))  # copied: small, and no zero-copy bookkeeping thread
+
+    def close(self, linger: int = 2000) -> None:
+        """Close the engine thread's socket: from that thread, or once it has ended."""
+        if self.sock is not None:
+            self.sock.close(linger)
+            self.sock = None
 
     def take(self) -> list[wire.Event]:
         with self.lock:
@@ -111,54 +153,74 @@ class Core:
         self.ready = wire.Ready([wire.ModelFacts(m.name, m.provider, m.capacity, m.variant)
                                  for m in models.values()], os.getpid())
         self.ctx = zmq.Context()
+        # The engine threads' PUSH sockets get a context (an I/O thread) of their own. Sharing the ROUTER's,
+        # a reply from the main thread (Accepted) waited for the engine's next send in a quarter of the calls:
+        # p90 3.4 ms from Submit to Accepted at the frontend against 0.54 ms apart (one stream, 2026-11-27).
+        self.events_ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 1000)
         self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted frontend with the same id takes over
         self.sock.bind(address)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
-        self.outboxes: dict[bytes, Outbox] = {}
+        self.outboxes: dict[tuple[bytes, str], Outbox] = {}  # (frontend, model) -> its outbox
+        self.events_at: dict[bytes, str] = {}  # frontend -> its PULL socket's address (from its Hello)
+        self.every_box: list[Outbox] = []  # forgotten ones too: their sockets are closed at exit
         self.stopping: Optional[threading.Thread] = None
 
     # -- requests from a frontend ---------------------------------------------------------
-    def _outbox(self, identity: bytes) -> Outbox:
-        box = self.outboxes.get(identity)
+    def _outbox(self, identity: bytes, model: str) -> Outbox:
+        box = self.outboxes.get((identity, model))
         if box is None:
-            box = self.outboxes[identity] = Outbox(identity, self._wake_w)
+            box = self.outboxes[(identity, model)] = Outbox(identity, self.events_ctx, self.events_at.get(identity, ""),
+                                                            self._wake_w)
+            self.every_box.append(box)
         return box
 
+    def _boxes(self, identity: bytes) -> list[Outbox]:
+        return [box for (who, _), box in self.outboxes.items() if who == identity]
+
     def handle(self, identity: bytes, msg) -> None:
-        box = self._outbox(identity)
         if isinstance(msg, wire.Hello):
-            box.held = False  # a frontend (re)connecting is not behind
+            self.events_at[identity] = msg.events
+            for box in self._boxes(identity):
+                box.held = False  # a frontend (re)connecting is not behind
+                box.address = msg.events  # the engine thread reconnects on its next send
             self._send(identity, self.ready)
-        elif isinstance(msg, wire.Hold):
-            box.held = True
-        elif isinstance(msg, wire.Resume):
-            box.held = False
-            self._send_events(box)
+        elif isinstance(msg, (wire.Hold, wire.Resume)):
+            # After Resume the engine thread sends at its step's end: every event still held belongs to
+            # a running job (a job's end is urgent), so its next step comes.
+            for box in self._boxes(identity):
+                box.held = isinstance(msg, wire.Hold)
+                if not box.held and not box.address:
+                    self._send_events(box)
         elif isinstance(msg, wire.Submit):
-            self._submit(box, msg)
+            self._submit(identity, msg)
         elif isinstance(msg, wire.Cancel):
-            for job_id in msg.ids:
-                job = box.jobs.get(job_id)
-                if job is not None:
-                    job.cancel()
+            for box in self._boxes(identity):
+                for job_id in msg.ids:
+                    job = box.jobs.get(job_id)
+                    if job is not None:
+                        job.cancel()
         elif isinstance(msg, wire.AskMetrics):
             self._send(identity, wire.MetricsText(msg.ticket, generate_latest(self.metrics.registry).decode()))
         elif isinstance(msg, wire.Forget):
-            gone = self.outboxes.pop(msg.identity, None)
-            for job in list(gone.jobs.values()) if gone is not None else ():
-                job.cancel()  # dropped at the next step; its events go nowhere
+            self.events_at.pop(msg.identity, None)
+            for key in [key for key in self.outboxes if key[0] == msg.identity]:
+                box = self.outboxes.pop(key)
+                box.gone = True  # its engine thread drops what comes and closes the socket
+                for job in list(box.jobs.values()):
+                    job.cancel()  # dropped at the next step; its events go nowhere
         elif isinstance(msg, wire.Stop) and self.stopping is None:
             self.stopping = threading.Thread(target=self._stop, args=(msg.grace,), name="core-stop", daemon=True)
             self.stopping.start()
 
-    def _submit(self, box: Outbox, msg: wire.Submit) -> None:
+    def _submit(self, identity: bytes, msg: wire.Submit) -> None:
         model = self.models.get(msg.model)
         if model is None:
-            self._send(box.identity, wire.Refused(msg.ticket, "NOT_FOUND", f"the core serves no model {msg.model}"))
+            self._send(identity, wire.Refused(msg.ticket, "NOT_FOUND", f"the core serves no model {msg.model}"))
             return
+        box = self._outbox(identity, msg.model)
         jobs = [self._job(box, spec) for spec in msg.jobs]
         try:
             model.scheduler.submit(jobs)
@@ -219,10 +281,12 @@ class Core:
                 except BlockingIOError:
                     pass
             for box in list(self.outboxes.values()):
-                self._send_events(box)
+                if not box.address:  # the others are their engine threads' to send
+                    self._send_events(box)
             if self.stopping is not None and not self.stopping.is_alive():
                 for box in self.outboxes.values():
-                    self._send_events(box, force=True)
+                    if not box.address:
+                        self._send_events(box, force=True)
                 return 0
             status = self._check()
             if status is not None:
@@ -275,5 +339,11 @@ def main(cfg: ServerConfig, address: str, parent: int, pieces: Optional[dict[str
         log.exception("engine core failed")
         status = 1
     core.sock.close(linger=2000)  # the last Events go out before the process does
-    core.ctx.term()
+    # The engine threads' sockets may be closed here once those threads have ended (a clean stop);
+    # otherwise the process ends without waiting on them (the frontends fail what was in flight).
+    if not any(model.loop.is_alive() for model in models.values()):
+        for box in core.every_box:
+            box.close()
+        core.events_ctx.term()
+        core.ctx.term()
     os._exit(status)  # engine threads are daemons; nothing else to wait for

@@ -1,8 +1,10 @@
 """The messages between a frontend and the engine core process: msgspec Structs over ZeroMQ.
 
 Plain data only (no protobuf, no grpc): the frontend sends the jobs its admission step built and
-the cancellations of its callers; the core sends, once per engine step, one `Events` message
-carrying every new token, result and error of that frontend's jobs. Why msgspec's MessagePack:
+the cancellations of its callers to the core's ROUTER socket, which answers them (Ready, Accepted,
+Refused, MetricsText); each engine thread sends, once per engine step, one `Events` message per
+frontend carrying every new token, result and error of that frontend's jobs on that model, on a PUSH
+socket of its own to the address the frontend's Hello named (server/coreprocess/process.py says why). Why msgspec's MessagePack:
 typed structs decoded without a Python object per field of an intermediate dict, ~1 us per job
 spec either way, and a tagged union so each frame names its own kind.
 """
@@ -66,7 +68,9 @@ class JobSpec(msgspec.Struct, array_like=True):
 # -- frontend -> core ---------------------------------------------------------------
 class Hello(msgspec.Struct, tag=True, array_like=True):
     """A frontend's first message (a ROUTER learns a peer's address from what it sends); answered by
-    Ready once the core has loaded and warmed its models."""
+    Ready once the core has loaded and warmed its models. `events`: the address of the frontend's PULL
+    socket, where the engine threads send its Events ("": the core's main thread sends them)."""
+    events: str = ""
 
 
 class Submit(msgspec.Struct, tag=True, array_like=True):

@@ -8,6 +8,7 @@ import os
 
 import numpy as np
 import pytest
+import zmq
 
 from server import relay
 from server.coreprocess import protocol as wire
@@ -64,8 +65,11 @@ def test_engine_events_become_wire_items():
 def outbox():
     r, w = os.pipe()
     os.set_blocking(r, False)
-    box = Outbox(b"frontend-1", w)
+    ctx = zmq.Context()
+    box = Outbox(b"frontend-1", ctx, "", w)
     yield box
+    box.close(0)
+    ctx.term()
     os.close(r)
     os.close(w)
 
@@ -97,6 +101,44 @@ def test_an_engine_thread_wakes_the_socket_thread_once_per_step(outbox):
         assert woken == [1]
     finally:
         relay._thread.held = None
+
+
+def test_the_engine_thread_sends_each_steps_events_on_its_own_socket(outbox, tmp_path):
+    """With the frontend's PULL address (its Hello), the step's end sends the step's events from the
+    engine thread, one message; held, only a first token or an end goes; forgotten, nothing goes."""
+    pull = outbox.ctx.socket(zmq.PULL)
+    pull.bind(f"ipc://{tmp_path}/events.sock")
+    outbox.address = f"ipc://{tmp_path}/events.sock"
+
+    def received() -> list:
+        messages = []
+        while pull.poll(200):
+            messages.append(wire.to_frontend(pull.recv()))
+        return messages
+
+    def step(*items) -> None:  # what the engine loop does: post during the step, flush at its end
+        relay.hold_wakeups()
+        try:
+            for item in items:
+                outbox.post(item)
+            relay.flush()
+        finally:
+            relay._thread.held = None
+    try:
+        step(wire.Tokens(1, [10]), wire.Tokens(2, [20]))
+        assert received() == [wire.Events([wire.Tokens(1, [10]), wire.Tokens(2, [20])])]
+        outbox.held = True  # the frontend said Hold
+        step(wire.Tokens(1, [11]))
+        step(wire.Tokens(1, [12]))
+        assert received() == []  # collected, merged
+        step(wire.Finished(2, [([20], 0.0, True)], "eos", 1, (None, None, None, None)))  # an end: urgent
+        assert received() == [wire.Events([wire.Tokens(1, [11, 12]),
+                                           wire.Finished(2, [([20], 0.0, True)], "eos", 1, (None, None, None, None))])]
+        outbox.gone = True  # the frontend died (Forget): dropped, the socket closed
+        step(wire.Tokens(1, [13]))
+        assert received() == [] and outbox.sock is None and not outbox.items
+    finally:
+        pull.close(0)
 
 
 def test_terminal_items_release_the_job(outbox):

@@ -112,8 +112,8 @@ class Choices:
     # (B,) bool: rows the model gave no usable scores (NaN, +inf) or whose own choice raised; their
     # tokens are placeholders (EOS) and their requests must end. None: no row failed.
     failed: Optional[np.ndarray] = field(default=None)
-    # (B, K) float32: greedy and sampling rows' log p of each boosted token (RowControls.boost) before its
-    # bonus, less their best token's: where the model found a pending glossary term plausible
+    # (B, K) float32: greedy rows' log p of each boosted token (RowControls.boost) before its bonus, less
+    # their best token's (sampling rows never go back, so theirs is not computed): where the model found a pending glossary term plausible
     # (server/glossary/placement.py). None when no row has boosts.
     boost_logp: Optional[np.ndarray] = field(default=None)
 
@@ -344,11 +344,11 @@ class TokenChooser:
 
 
 def _boosted_logp(logits: np.ndarray, c: RowControls) -> np.ndarray:
-    """(B, K): each greedy or sampling row's boosted tokens' log p less the row's best token's (-inf where
-    none): how far each is from being chosen. (The best's log p cancels: a max over the row, not the
+    """(B, K): each greedy row's boosted tokens' log p less the row's best token's (-inf where none): how
+    far each is from being chosen. (The best's log p cancels: a max over the row, not the
     logsumexp a log p would need, which cost ~10% of a glossary benchmark's step.)"""
     out = np.full(c.boost.shape, -np.inf, np.float32)
-    rows = np.flatnonzero((c.boost >= 0).any(axis=1) & (c.kind != BEAM))
+    rows = np.flatnonzero((c.boost >= 0).any(axis=1) & (c.kind == GREEDY))
     if len(rows):
         ids = c.boost[rows]
         got = logits[rows[:, None], np.maximum(ids, 0)] - _rows(logits, rows).max(axis=1)[:, None]

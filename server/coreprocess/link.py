@@ -259,8 +259,6 @@ class CoreLink:
                 job.sink(job.failure(error))
 
 
-
-
 def identity(pid: int) -> bytes:
     """A frontend's routing id at the core."""
     return f"frontend-{pid}".encode()

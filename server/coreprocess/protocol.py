@@ -4,8 +4,8 @@ Plain data only (no protobuf, no grpc): the frontend sends the jobs its admissio
 the cancellations of its callers to the core's ROUTER socket, which answers them (Ready, Accepted,
 Refused, MetricsText); each engine thread sends, once per engine step, one `Events` message per
 frontend carrying every new token, result and error of that frontend's jobs on that model, on a PUSH
-socket of its own to the address the frontend's Hello named (server/coreprocess/process.py says why). Why msgspec's MessagePack:
-typed structs decoded without a Python object per field of an intermediate dict, ~1 us per job
+socket of its own to the address the frontend's Hello named (server/coreprocess/process.py says why).
+Why msgspec's MessagePack: typed structs decoded without a Python object per field of an intermediate dict, ~1 us per job
 spec either way, and a tagged union so each frame names its own kind.
 """
 from __future__ import annotations

@@ -25,7 +25,7 @@ from export import inplace
 from export.inplace_standard import export_standard
 from export import onnx as graphs
 from export.parity import graph_parity, inplace_parity
-from export.quantize import VNNI_WEIGHT_BITS, WEIGHT_BITS
+from export.quantize import DECODER_MIN_WEIGHTS, VNNI_WEIGHT_BITS, WEIGHT_BITS
 from export.variants import fp16_graphs, quantize_int8
 from export.weights import share_weights
 from models.core.bundle import BUNDLE_FORMAT, load_bundle
@@ -181,7 +181,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 variants[variant] = {}
                 for kind, key in kinds:
                     variants[variant][kind] = f"{kind}.{variant}.onnx"
-                    quantize_int8(paths[key], stage / variants[variant][kind], bits)
+                    quantize_int8(paths[key], stage / variants[variant][kind], bits,
+                                  0 if kind == "encoder" else DECODER_MIN_WEIGHTS)
         if args.fp16:
             print("converting to fp16", file=sys.stderr)
             variants["fp16"] = fp16_graphs(stage, variants["fp32"])

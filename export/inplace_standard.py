@@ -12,7 +12,8 @@ whose CUDA kernels take fp16/bf16 only: an fp32 bundle on CUDA had to fall back 
 This module rewrites the exported graph node for node, so both graphs have the same weights, inputs
 and math; the engine binds whichever the provider runs (models/core/runtime.py). Per GQA node:
 
-    self-attention   q, k, v (B, 1, D) -> (B, H, 1, Dh); present = TensorScatter(past, k, seqlens);
+    self-attention   q, k, v (B, 1, D) -> (B, H, 1, Dh), split first where GQA took them packed (B, 1, 3D);
+                     present = TensorScatter(past, k, seqlens);
                      y = Attention(q, present_k, present_v, nonpad_kv_seqlen = seqlens + 1)
     cross-attention  y = Attention(q, cross_k, cross_v, nonpad_kv_seqlen = src_len); the cross buffers
                      are only read, so present_cross_* leave the graph's outputs
@@ -66,6 +67,9 @@ def rewrite(model: onnx.ModelProto, heads: int, head_dim: int) -> tuple[onnx.Mod
         q, k, v, past_k, past_v, seqlens = node.input[:6]
         out, present_k, present_v = node.output[:3]
         p = f"std/{i}"
+        if not k and not v:  # packed (B, 1, 3D) query|key|value (export/inplace.py): split it
+            q, k, v = f"{p}/q_packed", f"{p}/k_packed", f"{p}/v_packed"
+            nodes.append(helper.make_node("Split", [node.input[0]], [q, k, v], axis=-1, num_outputs=3))
         q4 = _heads_first(nodes, f"{p}/q", q, split)
         seq64 = f"{p}/seqlens64"
         nodes.append(helper.make_node("Cast", [seqlens], [seq64], to=onnx.TensorProto.INT64))

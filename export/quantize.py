@@ -80,6 +80,19 @@ def max_k(bits: int) -> int:
     return (1 << 24) // (ACT_LEVELS * weight_levels(bits))
 
 
+# The decoder step quantises only products with at least this many weights (K x N). A decode step runs
+# on one row per sentence, and around a small product the row quantisation's nodes (7 per activation,
+# 2 per product) cost more than the int8 GEMM saves: for the default model's 128-wide products ONNX
+# Runtime measured +2 us per product at 1-8 rows against fp32 Gemm and -2..-8 us only from 32-64 rows
+# (one thread, VNNI), while the 128 x 8,000 vocabulary projection is 1.4-2x faster in int8 at every row
+# count. The whole step (`benchmarks.studies.inplace_device`, 2026-11-28, two alternating rounds): every
+# product quantised 0.19-0.22 / 0.29-0.30 / 0.66-0.71 ms at 1 / 8 / 32 rows, against 0.12-0.13 /
+# 0.23 / 0.65-0.66 with only the projection, and fp32 0.14 / 0.26-0.27 / 0.88-1.14. 2^18 keeps an
+# OPUS-MT-sized model's 512 x 512 and 512 x 2,048 products in int8 (their GEMMs dwarf the quantisation)
+# and the default model's 128-wide ones in fp32. The encoder, whose rows are every source token of a
+# batch, quantises every product.
+DECODER_MIN_WEIGHTS = 1 << 18
+
 OPSET = 21  # blocked QuantizeLinear
 # Operators whose schema changed between opset 13 and 21 only by accepting more types
 # (float8, int4, strings): a graph using nothing else means the same at opset 21.
@@ -123,9 +136,10 @@ def _weight_of(node: onnx.NodeProto, inits: dict) -> np.ndarray | None:
     return None
 
 
-def quantize_rowwise(src: Path, dst: Path, weight_bits: int = WEIGHT_BITS) -> int:
+def quantize_rowwise(src: Path, dst: Path, weight_bits: int = WEIGHT_BITS, min_weights: int = 0) -> int:
     """Rewrite `src` into `dst` as above, weights in `weight_bits` bits (7: exact on every x86 CPU; 8: exact
-    with VNNI only, one bit finer); returns how many products became int8."""
+    with VNNI only, one bit finer); products with fewer than `min_weights` weights stay fp32 (see
+    DECODER_MIN_WEIGHTS). Returns how many products became int8."""
     levels, longest = weight_levels(weight_bits), max_k(weight_bits)
     model = onnx.load(str(src))
     _move_to_opset(model)
@@ -140,7 +154,7 @@ def quantize_rowwise(src: Path, dst: Path, weight_bits: int = WEIGHT_BITS) -> in
     quantized: dict[str, tuple[str, str]] = {}  # activation -> (uint8 rows, row scales): once per activation
     for node in graph.node:
         w = _weight_of(node, inits)
-        if w is None or w.shape[0] > longest:
+        if w is None or w.shape[0] > longest or w.size < min_weights:
             nodes.append(node)
             continue
         count += 1

@@ -23,8 +23,8 @@ import onnx
 from export.quantize import WEIGHT_BITS, quantize_rowwise
 
 
-def quantize_int8(src: Path, dst: Path, weight_bits: int = WEIGHT_BITS) -> Path:
-    quantize_rowwise(src, dst, weight_bits)
+def quantize_int8(src: Path, dst: Path, weight_bits: int = WEIGHT_BITS, min_weights: int = 0) -> Path:
+    quantize_rowwise(src, dst, weight_bits, min_weights)
     return dst
 
 

@@ -148,10 +148,11 @@ def render(state: dict, log: list[dict], quality: dict, name: str, selection: li
         "",
         f"Beam search: width {q['beam']}, length penalty α = {q['alpha']} (score = log-prob / length^α).",
         f"int8 (7-bit weights per output channel, 8-bit activations per row, so a sentence's output does not depend on "
-        f"its batch): BLEU change {-drop:+.2f} with beam search; "
+        f"its batch; every product of the encoder, and the decoder step's products of at least 2^18 weights, here the "
+        f"vocabulary projection, the smaller ones staying fp32 where quantising the row costs more than the int8 "
+        f"product saves: export/quantize.py): BLEU change {-drop:+.2f} with beam search; "
         f"greedy decoding of the test set at batch 32 ran at {q['int8_speedup_greedy_b32']:.2f}× fp32's speed "
-        "(same decoder, same process, one timed pass; at this model's width the int8 products save less than "
-        "quantising the activations costs on some CPUs: docs/serving_speed.md has the served comparison).",
+        "(same decoder, same process, one timed pass; docs/serving_speed.md has the served comparison).",
         *(["int8-vnni: the same with 8-bit weights, exact on a CPU with VNNI or AMX only; `--variant int8` serves it "
            "on such a CPU (`--int8-weights`, export/quantize.py)."] if "onnx_int8-vnni_greedy" in q else []),
         f"Measured by `python -m export.quality` (see {quality_file}).",

@@ -196,13 +196,14 @@ class Transformer(nn.Module):
     def logits(self, x: Tensor) -> Tensor:
         """The last decoder layer's output (B, T, D) -> logits (B, T, V)."""
         b, t, _ = x.shape
+        # 2-D so the ONNX exporter emits Gemm(transB=1) on the embedding itself
+        # instead of constant-folding a transposed copy of it into the graph.
+        return self.logits_rows(x.reshape(b * t, -1)).view(b, t, -1)  # (B, T, V)
+
+    def logits_rows(self, x: Tensor) -> Tensor:
+        """Rows of the last decoder layer's output (N, D) -> logits (N, V)."""
         x = self.dec_norm(x)
-        if self.out_proj is None:
-            # 2-D so the ONNX exporter emits Gemm(transB=1) on the embedding itself
-            # instead of constant-folding a transposed copy of it into the graph.
-            logits = F.linear(x.reshape(b * t, -1), self.tgt_embed.weight).view(b, t, -1)  # (B, T, V)
-        else:
-            logits = self.out_proj(x)
+        logits = F.linear(x, self.tgt_embed.weight) if self.out_proj is None else self.out_proj(x)
         return logits if self.final_logits_bias is None else logits + self.final_logits_bias
 
     # -- training -------------------------------------------------------------

@@ -229,10 +229,11 @@ def test_forced_length_decoding_matches(repo):
 
 
 def test_int8_graph_uses_one_quantize_per_activation(repo):
-    """Products sharing an input share its quantisation; no elementwise passes remain around them."""
+    """Products sharing an input share its quantisation; no elementwise passes remain around them. (The
+    encoder's: the tiny model's decoder products are all below DECODER_MIN_WEIGHTS and stay fp32.)"""
     import onnx
     _, out = repo
-    graph = onnx.load(str(out / "tiny-xx-yy" / "1" / "decoder_inplace.int8.onnx"), load_external_data=False)
+    graph = onnx.load(str(out / "tiny-xx-yy" / "1" / "encoder.int8.onnx"), load_external_data=False)
     ops = [n.op_type for n in graph.graph.node]
     assert "MatMulInteger" not in ops and "Round" not in ops
     products = [n for n in graph.graph.node if n.op_type == "MatMulIntegerToFloat"]
@@ -272,11 +273,44 @@ def test_int8_weights_use_seven_bits_and_eight_for_vnni(repo, variant, levels):
     from onnx import numpy_helper
     _, out = repo
     bundle = out / "tiny-xx-yy" / "1"
-    for graph in sorted(bundle.glob(f"*.{variant}.onnx")):
+    graphs = sorted(bundle.glob(f"*.{variant}.onnx"))
+    assert [g.name for g in graphs if g.name.startswith("encoder.")]
+    for graph in graphs:
         model = onnx.load(str(graph))  # external data too: weights.int8.bin
         weights = [numpy_helper.to_array(i) for i in model.graph.initializer if i.data_type == onnx.TensorProto.INT8]
-        assert weights, graph.name
-        assert max(int(np.abs(w.astype(np.int32)).max()) for w in weights) == levels, graph.name
+        assert weights or not graph.name.startswith("encoder."), graph.name  # the tiny decoders' stay fp32
+        if weights:
+            assert max(int(np.abs(w.astype(np.int32)).max()) for w in weights) == levels, graph.name
+
+
+def test_decoder_step_quantises_only_the_products_that_pay(tmp_path):
+    """With DECODER_MIN_WEIGHTS (as export applies it to the decoder graphs) a product of fewer weights
+    keeps its fp32 MatMul and its exact result; the large one becomes int8."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from export.quantize import DECODER_MIN_WEIGHTS, quantize_rowwise
+    from models.core.runtime import RuntimeOptions, session_options, use_shared_pool
+    rng = np.random.default_rng(0)
+    small = rng.standard_normal((64, 64)).astype(np.float32)
+    large = rng.standard_normal((64, DECODER_MIN_WEIGHTS // 64)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "small"], ["h"]), helper.make_node("MatMul", ["h", "large"], ["y"])],
+        "two", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", large.shape[1]]),
+         helper.make_tensor_value_info("h", TensorProto.FLOAT, ["B", 64])],
+        initializer=[numpy_helper.from_array(small, "small"), numpy_helper.from_array(large, "large")])
+    src, dst = tmp_path / "fp32.onnx", tmp_path / "int8.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(src))
+    assert quantize_rowwise(src, dst, 8, DECODER_MIN_WEIGHTS) == 1
+    ops = [n.op_type for n in onnx.load(str(dst)).graph.node]
+    assert ops.count("MatMul") == 1 and ops.count("MatMulIntegerToFloat") == 1
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    options = session_options(RuntimeOptions(), shared=use_shared_pool(0))  # as every session of the suite
+    run = lambda path: ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]).run(
+        ["h"], {"x": x})[0]
+    np.testing.assert_array_equal(run(dst), run(src))
 
 
 @pytest.mark.parametrize("bits", [7, 8])

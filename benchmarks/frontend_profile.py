@@ -260,6 +260,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--streams", type=int, default=64)
     p.add_argument("--unary-clients", type=int, default=4)
     p.add_argument("--seconds", type=float, default=20)
+    p.add_argument("--model", default="multi30k-en-de-small",
+                   help="the model every call names, as benchmarks.serving_compare does (so the server identifies "
+                        "no language); '' names none")
     p.add_argument("--out", default="docs/benchmarks/frontend_profile.md")
     args = p.parse_args(argv)
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
@@ -268,6 +271,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     loads = {f"{args.streams} streams, a message per token": ["--rpc", "stream", "--concurrency", str(args.streams)],
              f"unary, {args.unary_clients} clients x 32 texts": ["--rpc", "unary", "--texts-per-call", "32",
                                                                 "--concurrency", str(args.unary_clients)]}
+    named = ["--model", args.model] if args.model else []
+    loads = {name: load + named for name, load in loads.items() if "0 clients" not in name and " 0 streams" not in name}
     results = {}
     for name, load in loads.items():
         print(f"profiling: {name}", file=sys.stderr)

@@ -52,6 +52,7 @@ import onnx
 import torch
 from torch import Tensor, nn
 
+from export.onnx import linear_rows, packed_linear
 from models.attention import scaled_dot_product_attention
 from models.transformer import Transformer
 
@@ -153,15 +154,6 @@ def _blank_packed_inputs(model) -> int:
     return count
 
 
-def _linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """x (N, K) @ weight (M, K).T + bias, spelled as MatMul and Add: the exporter folds the transpose into
-    the same (K, M) constant decoder_step.onnx holds, so the bundle stores it once (F.linear would export
-    Gemm on the (M, K) parameter, a second layout of every weight), and ONNX Runtime fuses the pair into
-    Gemm at load because x is 2-D."""
-    y = x @ weight.t()
-    return y if bias is None else y + bias
-
-
 class InPlaceDecoderStep(nn.Module):
     """The model's decoder step over per-layer slot-cache views (the graph this module documents).
 
@@ -191,23 +183,21 @@ class InPlaceDecoderStep(nn.Module):
             past_k, past_v, cross_k, cross_v = caches[4 * i:4 * i + 4]
             sa, ca, ffn = layer.self_attn, layer.cross_attn, layer.ffn
             h = layer.norm1(x) if layer.pre_norm else x
-            projections = (sa.q_proj, sa.k_proj, sa.v_proj)  # packed on the output axis: (3D, D), (3D,)
-            biases = None if any(p.bias is None for p in projections) else torch.cat([p.bias for p in projections])
-            qkv = _linear(h, torch.cat([p.weight for p in projections]), biases)  # (B, 3D)
+            qkv = linear_rows(h, *packed_linear(sa.q_proj, sa.k_proj, sa.v_proj))  # (B, 3D)
             a, pk, pv = PackedGroupQueryAttention.apply(qkv.unsqueeze(1), past_k, past_v, seqlens, total_len,
                                                         heads)
-            a = _linear(a.squeeze(1), sa.out_proj.weight, sa.out_proj.bias)  # (B, D)
+            a = linear_rows(a.squeeze(1), sa.out_proj.weight, sa.out_proj.bias)  # (B, D)
             x = x + a if layer.pre_norm else layer.norm1(x + a)
 
             h = layer.norm2(x) if layer.pre_norm else x
             last_k, last_v = lasts[2 * i:2 * i + 2]  # (B, 1, D)
-            q = _linear(h, ca.q_proj.weight, ca.q_proj.bias).unsqueeze(1)  # (B, 1, D)
+            q = linear_rows(h, ca.q_proj.weight, ca.q_proj.bias).unsqueeze(1)  # (B, 1, D)
             a, ck, cv = GroupQueryAttention.apply(q, last_k, last_v, cross_k, cross_v, last_src, src_total, heads)
-            a = _linear(a.squeeze(1), ca.out_proj.weight, ca.out_proj.bias)
+            a = linear_rows(a.squeeze(1), ca.out_proj.weight, ca.out_proj.bias)
             x = x + a if layer.pre_norm else layer.norm2(x + a)
 
             h = layer.norm3(x) if layer.pre_norm else x
-            a = _linear(ffn.act(_linear(h, ffn.fc1.weight, ffn.fc1.bias)), ffn.fc2.weight, ffn.fc2.bias)
+            a = linear_rows(ffn.act(linear_rows(h, ffn.fc1.weight, ffn.fc1.bias)), ffn.fc2.weight, ffn.fc2.bias)
             x = x + a if layer.pre_norm else layer.norm3(x + a)
             presents += [pk, pv, ck, cv]
         return (m.logits_rows(x).unsqueeze(1), *presents)  # logits (B, 1, V)

@@ -233,7 +233,7 @@ def export_inplace(model: Transformer, path: Path, opset: int) -> Path:
         torch.onnx.export(InPlaceDecoderStep(model.eval()), example_inputs(model), str(path), dynamo=False,
                           input_names=inputs, output_names=outputs, dynamic_axes=io_axes(layers),
                           opset_version=opset, custom_opsets=CONTRIB_OPSET, do_constant_folding=True)
-    graph = onnx.load(str(path))
+    graph = onnx.load(str(path), load_external_data=False)  # a large model's weights stay where they are
     if _blank_packed_inputs(graph) != layers:
         raise RuntimeError(f"{path.name}: expected {layers} packed self-attention nodes")
     onnx.save(graph, str(path))

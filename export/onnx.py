@@ -92,8 +92,8 @@ class EncoderGraph(nn.Module):
     fewer, larger kernels for dot-product attention without a local window: every product on (B*S, D) rows
     (ONNX Runtime fuses each bias Add into Gemm, each ReLU into FusedGemm), each layer's query, key and value
     from one packed product, the padding mask added to the scores once per layer as one (B, 1, 1, S) bias,
-    and every decoder layer's cross keys and values from one product. 209 -> 128 nodes after ONNX Runtime's
-    fusions for the default model; 224 -> 179 us for one 15-token sentence, 4.55 -> 4.13 ms for 32 (one
+    and every decoder layer's cross keys and values from one product. 209 -> 136 nodes after ONNX Runtime's
+    fusions for the default model; 226-235 -> 190-197 us for one 15-token sentence, -4..-7% for 32 (one
     thread, 2026-11-28, docs/serving_speed.md). Same math: parity with PyTorch is checked at export."""
 
     def __init__(self, model: Transformer):

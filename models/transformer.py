@@ -196,12 +196,20 @@ class Transformer(nn.Module):
     def logits(self, x: Tensor) -> Tensor:
         """The last decoder layer's output (B, T, D) -> logits (B, T, V)."""
         b, t, _ = x.shape
-        # 2-D so the ONNX exporter emits Gemm(transB=1) on the embedding itself
-        # instead of constant-folding a transposed copy of it into the graph.
-        return self.logits_rows(x.reshape(b * t, -1)).view(b, t, -1)  # (B, T, V)
+        x = self.dec_norm(x)
+        if self.out_proj is None:
+            # 2-D so the ONNX exporter emits Gemm(transB=1) on the embedding itself
+            # instead of constant-folding a transposed copy of it into the graph.
+            logits = F.linear(x.reshape(b * t, -1), self.tgt_embed.weight).view(b, t, -1)  # (B, T, V)
+        else:
+            logits = self.out_proj(x)
+        return logits if self.final_logits_bias is None else logits + self.final_logits_bias
 
     def logits_rows(self, x: Tensor) -> Tensor:
-        """Rows of the last decoder layer's output (N, D) -> logits (N, V)."""
+        """Rows of the last decoder layer's output (N, D) -> logits (N, V): `logits` for the in-place step's
+        2-D rows. (Not shared with `logits`: its Reshape before the bias Add keeps decoder_step.onnx as it
+        was; with a bias Add that ONNX Runtime fuses into the Gemm, a Marian's -1e4 final_logits_bias
+        entries moved by one float step, 1e-3, in the export's parity check.)"""
         x = self.dec_norm(x)
         logits = F.linear(x, self.tgt_embed.weight) if self.out_proj is None else self.out_proj(x)
         return logits if self.final_logits_bias is None else logits + self.final_logits_bias

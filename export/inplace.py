@@ -200,7 +200,10 @@ class InPlaceDecoderStep(nn.Module):
             a = linear_rows(ffn.act(linear_rows(h, ffn.fc1.weight, ffn.fc1.bias)), ffn.fc2.weight, ffn.fc2.bias)
             x = x + a if layer.pre_norm else layer.norm3(x + a)
             presents += [pk, pv, ck, cv]
-        return (m.logits_rows(x).unsqueeze(1), *presents)  # logits (B, 1, V)
+        logits = m.logits_rows(x, bias=False).unsqueeze(1)  # (B, 1, V)
+        if m.final_logits_bias is not None:  # added on (B, 1, V), where ONNX Runtime does not fold it into the Gemm
+            logits = logits + m.final_logits_bias
+        return (logits, *presents)
 
 
 def example_inputs(model: Transformer, batch: int = 3, capacity: int = 8, src_capacity: int = 6,

@@ -184,6 +184,29 @@ def test_numpy_decoder_gives_pytorch_tokens(repo, beam):
     assert varied(result.torch_ids)  # every row a real decode: varied tokens, lengths and orders
 
 
+def test_a_large_logit_bias_stays_within_the_export_parity(tmp_path):
+    """Marian's final_logits_bias holds -1e4 where a checkpoint rules tokens out (benchmarks/hf_compare.py's
+    model: EOS and pad). With that bias Add fused into the output Gemm, the logits there moved by one float
+    step (1e-3 at 1e4) and the exporter refused the model; both decoder graphs add it after the product."""
+    from models.core.config import preset
+    from models.transformer import Transformer
+    tok = train_tokenizer(VOCAB_TEXTS, vocab_size=60, min_frequency=1)
+    torch.manual_seed(0)
+    # Marian's width: the product that rounds against the 1e4 is d_model long
+    model = Transformer(preset("tiny", vocab_size=tok.vocab_size, output_bias=True, d_model=512, n_heads=8,
+                               d_ff=512)).eval()
+    with torch.no_grad():
+        model.final_logits_bias.normal_()
+        model.final_logits_bias[[0, 2]] = -1e4
+    ckpt_dir = tmp_path / "biased-xx-yy"
+    ckpt_dir.mkdir()
+    tok.save(ckpt_dir / "tokenizer.json")
+    torch.save({"config": model.cfg.to_dict(), "model": model.state_dict(),
+                "meta": {"src_lang": "xx", "tgt_lang": "yy"}}, ckpt_dir / "model.pt")
+    (ckpt_dir / "MODEL_CARD.md").write_text("# biased\n")
+    assert export_main(["--checkpoint", str(ckpt_dir / "model.pt"), "--out", str(tmp_path / "repository")]) == 0
+
+
 def test_existing_version_is_not_overwritten(repo, capsys):
     model, out = repo
     ckpt = out.parent / "tiny-xx-yy" / "model.pt"

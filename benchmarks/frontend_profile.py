@@ -268,11 +268,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not Path(py_spy).exists():
         p.error("py-spy is needed: pip install py-spy")
-    loads = {f"{args.streams} streams, a message per token": ["--rpc", "stream", "--concurrency", str(args.streams)],
-             f"unary, {args.unary_clients} clients x 32 texts": ["--rpc", "unary", "--texts-per-call", "32",
-                                                                "--concurrency", str(args.unary_clients)]}
+    loads = {f"{args.streams} streams, a message per token": (args.streams, ["--rpc", "stream", "--concurrency",
+                                                                           str(args.streams)]),
+             f"unary, {args.unary_clients} clients x 32 texts": (args.unary_clients, [
+                 "--rpc", "unary", "--texts-per-call", "32", "--concurrency", str(args.unary_clients)])}
     named = ["--model", args.model] if args.model else []
-    loads = {name: load + named for name, load in loads.items() if "0 clients" not in name and " 0 streams" not in name}
+    loads = {name: load + named for name, (callers, load) in loads.items() if callers > 0}  # 0: that load is skipped
     results = {}
     for name, load in loads.items():
         print(f"profiling: {name}", file=sys.stderr)

@@ -52,7 +52,7 @@ import onnx
 import torch
 from torch import Tensor, nn
 
-from export.onnx import linear_rows, packed_linear
+from export.onnx import ffn_rows, linear_rows, packed_linear
 from models.attention import scaled_dot_product_attention
 from models.transformer import Transformer
 
@@ -181,7 +181,7 @@ class InPlaceDecoderStep(nn.Module):
         presents = []
         for i, layer in enumerate(m.decoder):
             past_k, past_v, cross_k, cross_v = caches[4 * i:4 * i + 4]
-            sa, ca, ffn = layer.self_attn, layer.cross_attn, layer.ffn
+            sa, ca = layer.self_attn, layer.cross_attn
             h = layer.norm1(x) if layer.pre_norm else x
             qkv = linear_rows(h, *packed_linear(sa.q_proj, sa.k_proj, sa.v_proj))  # (B, 3D)
             a, pk, pv = PackedGroupQueryAttention.apply(qkv.unsqueeze(1), past_k, past_v, seqlens, total_len,
@@ -197,10 +197,10 @@ class InPlaceDecoderStep(nn.Module):
             x = x + a if layer.pre_norm else layer.norm2(x + a)
 
             h = layer.norm3(x) if layer.pre_norm else x
-            a = linear_rows(ffn.act(linear_rows(h, ffn.fc1.weight, ffn.fc1.bias)), ffn.fc2.weight, ffn.fc2.bias)
+            a = ffn_rows(layer.ffn, h)
             x = x + a if layer.pre_norm else layer.norm3(x + a)
             presents += [pk, pv, ck, cv]
-        logits = m.logits_rows(x, bias=False).unsqueeze(1)  # (B, 1, V)
+        logits = m.logits_rows(x).unsqueeze(1)  # (B, 1, V)
         if m.final_logits_bias is not None:  # added on (B, 1, V), where ONNX Runtime does not fold it into the Gemm
             logits = logits + m.final_logits_bias
         return (logits, *presents)

@@ -81,6 +81,11 @@ def linear_rows(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return y if bias is None else y + bias
 
 
+def ffn_rows(ffn: nn.Module, x: Tensor) -> Tensor:
+    """A FeedForward (models/transformer.py) on 2-D rows, its two products through linear_rows."""
+    return linear_rows(ffn.act(linear_rows(x, ffn.fc1.weight, ffn.fc1.bias)), ffn.fc2.weight, ffn.fc2.bias)
+
+
 def packed_linear(*linears: nn.Linear) -> tuple[Tensor, Tensor | None]:
     """Several projections of one input as one: weights stacked on the output axis, biases likewise."""
     biases = [p.bias for p in linears]
@@ -115,7 +120,7 @@ class EncoderGraph(nn.Module):
         keep = src_mask[:, None, None, :]  # (B, 1, 1, S)
         bias = torch.zeros(keep.shape).masked_fill(~keep, torch.finfo(torch.float32).min)
         for layer in m.encoder:
-            sa, ffn = layer.self_attn, layer.ffn
+            sa = layer.self_attn
             h = layer.norm1(x) if layer.pre_norm else x
             qkv = linear_rows(h, *packed_linear(sa.q_proj, sa.k_proj, sa.v_proj))  # (B*S, 3D)
             qkv = qkv.view(b, s, 3, heads, dh).permute(2, 0, 3, 1, 4)  # (3, B, H, S, Dh)
@@ -126,7 +131,7 @@ class EncoderGraph(nn.Module):
             a = linear_rows(a, sa.out_proj.weight, sa.out_proj.bias)
             x = x + a if layer.pre_norm else layer.norm1(x + a)
             h = layer.norm2(x) if layer.pre_norm else x
-            a = linear_rows(ffn.act(linear_rows(h, ffn.fc1.weight, ffn.fc1.bias)), ffn.fc2.weight, ffn.fc2.bias)
+            a = ffn_rows(layer.ffn, h)
             x = x + a if layer.pre_norm else layer.norm2(x + a)
         memory = m.enc_norm(x)
         cross = [layer.cross_attn for layer in m.decoder]  # every layer's keys, then every layer's values

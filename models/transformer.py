@@ -205,14 +205,13 @@ class Transformer(nn.Module):
             logits = self.out_proj(x)
         return logits if self.final_logits_bias is None else logits + self.final_logits_bias
 
-    def logits_rows(self, x: Tensor, bias: bool = True) -> Tensor:
-        """Rows of the last decoder layer's output (N, D) -> logits (N, V): `logits` for the in-place step's
-        2-D rows, without final_logits_bias if `bias` is False (export/inplace.py adds it after its Unsqueeze:
-        a bias Add on the 2-D product is fused into the Gemm by ONNX Runtime, which then sums in another
-        order, and a Marian's -1e4 entries moved by one float step, 1e-3, failing the export's parity)."""
+    def logits_rows(self, x: Tensor) -> Tensor:
+        """Rows of the last decoder layer's output (N, D) -> the projection (N, V) before final_logits_bias,
+        for the in-place step's 2-D rows. export/inplace.py adds the bias after its Unsqueeze: a bias Add on
+        the 2-D product is fused into the Gemm by ONNX Runtime, which then sums in another order, and a
+        Marian's -1e4 entries moved by one float step, 1e-3, failing the export's parity."""
         x = self.dec_norm(x)
-        logits = F.linear(x, self.tgt_embed.weight) if self.out_proj is None else self.out_proj(x)
-        return logits if self.final_logits_bias is None or not bias else logits + self.final_logits_bias
+        return F.linear(x, self.tgt_embed.weight) if self.out_proj is None else self.out_proj(x)
 
     # -- training -------------------------------------------------------------
     def forward(self, src_ids: Tensor, tgt_in: Tensor) -> Tensor:

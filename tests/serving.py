@@ -12,6 +12,7 @@ from pathlib import Path
 
 from benchmarks.harness import ServerProcess
 from models.data import multi30k_file
+from server import eventloop
 from server.app import TranslationServer
 from server.config import ServerConfig
 
@@ -49,7 +50,7 @@ class ServerThread:
             self._done = asyncio.Event()
             await self.app.wait()
             await self._done.wait()  # the stop coroutine outlives the gRPC server; let it finish
-        asyncio.run(main())
+        eventloop.run(main(), self.cfg.event_loop)  # the loop the server would run on (uvloop by default)
 
     def start(self) -> "ServerThread":
         self._thread.start()

@@ -10,7 +10,6 @@ from typing import Sequence
 
 from models.core.bundle import BundleError
 from server.app import EXIT_ENGINE_FAILED, ConfigError, TranslationServer
-from server import eventloop
 from server.config import ServerConfig
 from server.imports import ImportFailed, prepare_repository
 from server.observability import logs
@@ -47,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             export_args = {"int8": ["--int8"], "fp16": ["--fp16"]}.get(cfg.variant, [])
             cfg.model_repository = str(prepare_repository(cfg.model, Path(cfg.cache_dir) if cfg.cache_dir else None,
                                                           export_args=export_args))
-        status = eventloop.run(serve(cfg), cfg.event_loop)
+        status = asyncio.run(serve(cfg))
     except (BundleError, ConfigError, ImportFailed) as e:
         log.error("error: %s", e, extra={"event": "exit", "status": 2})
         return 2

@@ -14,7 +14,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from models.core.bundle import discover
 from protos.nmt.v1 import translator_pb2 as pb
-from server import eventloop
 from server.config import ServerConfig
 from server.coreprocess.frontends import FrontendPool
 from server.coreprocess.replicas import Replicas
@@ -138,7 +137,7 @@ class TranslationServer:
                  self.http_port or "-", self.metrics_port or "-",
                  extra={"event": "serving", "models": sorted(self.models), "default_model": default,
                         "grpc_port": self.port, "http_port": self.http_port or None,
-                        "metrics_port": self.metrics_port or None, "event_loop": eventloop.name_of(loop),
+                        "metrics_port": self.metrics_port or None,
                         "build": self.metrics.build, "config": config_summary(cfg)})
         if self.core is None:  # the core process watches its own loops; its supervisor restarts it
             self._watchdog = asyncio.create_task(self._watch())

@@ -10,8 +10,6 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Optional, Sequence
 
-from server import eventloop
-
 CHECKOUT_REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
 # Where `pip install .` puts the shipped bundle (pyproject.toml, [tool.setuptools.data-files]).
 INSTALLED_REPOSITORY = Path(sys.prefix) / "share" / "nmt-serve" / "model_repository"
@@ -150,8 +148,6 @@ HELP = {
                                       "is sent GOAWAY (too_many_pings); >= 0",
     "keepalive_permit_without_calls": "accept keepalive pings on connections with no call running (true/false)",
     "workers": "threads that validate and tokenise large requests (over 2,000 characters) off the event loop; >= 1",
-    "event_loop": "the frontends' asyncio event loop: auto (uvloop where it is installed, else asyncio's own), "
-                  "uvloop, or asyncio (server/eventloop.py; docs/serving_speed.md has the measurements)",
     "engine_core": "where the engine (ONNX Runtime, slot cache, scheduler, decode loop) runs: process (the "
                    "default: --engine-replicas core processes of their own; a crash or a stuck loop there fails "
                    "that replica's calls UNAVAILABLE and it restarts while the ports stay up; measured faster "
@@ -245,7 +241,6 @@ class ServerConfig:
     keepalive_permit_without_calls: bool = True
     workers: int = 4  # threads for the handlers' blocking work (validation, tokenisation), off the event loop
     engine_core: str = "process"  # process | thread (server/coreprocess/)
-    event_loop: str = "auto"  # auto | uvloop | asyncio (server/eventloop.py)
     glossary_db: str = ""  # the glossaries' SQLite file; "" = server.glossary.store.default_path()
     document_dir: str = ""  # document jobs' spool (server/files/spool.py); "" = a temporary one per server
     background_replica: bool = True  # a nice-19 engine core for PRIORITY_BACKGROUND work (replicas.py)
@@ -380,10 +375,6 @@ class ServerConfig:
             self.spinning
         except argparse.ArgumentTypeError:
             out.append(f"--ort-spinning must be auto, true or false (got {self.ort_spinning!r})")
-        try:
-            eventloop.resolve(self.event_loop)
-        except ValueError as e:
-            out.append(str(e))
         if self.engine_core not in ("thread", "process"):
             out.append(f"--engine-core must be thread or process (got {self.engine_core!r})")
         if self.engine_replicas < 0 or (self.engine_replicas > 1 and self.engine_core != "process"):

@@ -12,7 +12,6 @@ from pathlib import Path
 
 from benchmarks.harness import ServerProcess
 from models.data import multi30k_file
-from server import eventloop
 from server.app import TranslationServer
 from server.config import ServerConfig
 
@@ -50,7 +49,7 @@ class ServerThread:
             self._done = asyncio.Event()
             await self.app.wait()
             await self._done.wait()  # the stop coroutine outlives the gRPC server; let it finish
-        eventloop.run(main(), self.cfg.event_loop)  # the loop the server would run on (uvloop by default)
+        asyncio.run(main())
 
     def start(self) -> "ServerThread":
         self._thread.start()

@@ -21,7 +21,6 @@ import zmq.asyncio
 from prometheus_client import generate_latest
 
 from server.app import TranslationServer
-from server import eventloop
 from server.config import ServerConfig
 from server.coreprocess import protocol as wire
 from server.coreprocess.link import identity
@@ -92,7 +91,7 @@ def main() -> int:
     cfg = ServerConfig(**settings)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logs.configure(cfg.log_format, cfg.log_level)
-    return eventloop.run(serve(cfg, args.core, args.control, args.parent), cfg.event_loop)
+    return asyncio.run(serve(cfg, args.core, args.control, args.parent))
 
 
 if __name__ == "__main__":

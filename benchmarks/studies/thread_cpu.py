@@ -18,8 +18,10 @@ Servers alternate over --rounds; each round prints a table per server.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import collections
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -27,7 +29,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from benchmarks.harness import descendants, machine
+from benchmarks.harness import descendants, machine, rotations, wait_serving
 from benchmarks.serving_compare import prepare, start
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,7 +39,7 @@ SRC = ROOT.parent / "shared" / "data" / "multi30k" / "test_2016_flickr.en"
 def threads(pid: int) -> dict[tuple[int, int], tuple[str, float, int]]:
     """(process, thread) -> (role, CPU seconds, voluntary context switches) for `pid` and its descendants;
     the role names the process too (an engine core, or the server)."""
-    tick = 100.0  # SC_CLK_TCK on Linux
+    tick = os.sysconf("SC_CLK_TCK")
     out = {}
     for proc in [pid, *descendants(pid)]:
         try:
@@ -71,19 +73,17 @@ def loadgen(target: str, args, seconds: float, json_path: str = "") -> dict:
     return json.loads(Path(json_path).read_text())["levels"][0] if json_path else {}
 
 
+async def _serving(target: str) -> None:
+    from client.client import AsyncTranslatorClient
+    async with AsyncTranslatorClient(target, timeout=60, retries=0) as client:
+        await wait_serving(client)
+
+
 def measure(kind: str, paths: dict, args) -> str:
     stop, pid, target = start(kind, args.precision, paths, SimpleNamespace(
         ours_flags="", before_flags="", max_batch_size=64))
     try:
-        from client.client import TranslatorClient
-        with TranslatorClient(target, timeout=60, retries=0) as client:
-            end = time.monotonic() + 180
-            while time.monotonic() < end:
-                try:
-                    client.translate(["A dog runs."])
-                    break
-                except Exception:  # noqa: BLE001 (not up yet)
-                    time.sleep(0.5)
+        asyncio.run(_serving(target))
         loadgen(target, args, 3)  # warm-up
         before = threads(pid)
         with tempfile.NamedTemporaryFile(suffix=".json") as f:
@@ -123,9 +123,8 @@ def main(argv=None) -> int:
     m = machine()
     print(f"`python -m benchmarks.studies.thread_cpu {' '.join(argv or sys.argv[1:])}`; {m['cpu']} ({m['features']}), "
           f"{m['cores']} cores; {time.strftime('%Y-%m-%d')}")
-    for r in range(args.rounds):
-        kinds = ["ours", f"ct2:{args.ct2_config}"]
-        for kind in kinds if r % 2 == 0 else kinds[::-1]:
+    for kinds in rotations(["ours", f"ct2:{args.ct2_config}"], args.rounds):
+        for kind in kinds:
             print(measure(kind, paths, args), flush=True)
     return 0
 

@@ -202,21 +202,21 @@ class _Writer:
             handler.handleError(records[-1])
 
 
-_listener: Optional[_Writer] = None
+_writer: Optional[_Writer] = None
 
 
 def configure(fmt: str = "auto", level: str = "info", stream: Optional[TextIO] = None) -> None:
     """Route every logger through the root logger to `stream` (stderr), in `fmt`, from `level` up.
     Unknown values fall back to json/info here; ServerConfig.problems() reports them."""
-    global _listener
-    writer = logging.StreamHandler(stream or sys.stderr)
+    global _writer
+    output = logging.StreamHandler(stream or sys.stderr)
     if fmt == "auto":  # text for a person at a terminal, JSON for a log collector
-        fmt = "text" if getattr(writer.stream, "isatty", lambda: False)() else "json"
+        fmt = "text" if getattr(output.stream, "isatty", lambda: False)() else "json"
     missing = None
     try:
-        writer.setFormatter(TextFormatter() if fmt == "text" else json_formatter())
+        output.setFormatter(TextFormatter() if fmt == "text" else json_formatter())
     except ImportError as e:  # an environment installed before the serve extra had it
-        writer.setFormatter(TextFormatter())
+        output.setFormatter(TextFormatter())
         missing = e.name
     handoff = _Handoff(queue.Queue(QUEUE_RECORDS))
     handoff.addFilter(CallContext())
@@ -228,8 +228,8 @@ def configure(fmt: str = "auto", level: str = "info", stream: Optional[TextIO] =
     root.setLevel(level.upper() if level.lower() in LEVELS else logging.INFO)
     logging.captureWarnings(True)
     shutdown()
-    _listener = _Writer(handoff.queue, writer)
-    _listener.start()
+    _writer = _Writer(handoff.queue, output)
+    _writer.start()
     atexit.register(shutdown)
     if missing:
         logging.getLogger(__name__).warning("JSON logs need python-json-logger (pip install -e '.[serve]'): "
@@ -239,10 +239,10 @@ def configure(fmt: str = "auto", level: str = "info", stream: Optional[TextIO] =
 
 def shutdown() -> None:
     """Write out what is queued and stop the writer thread (at exit)."""
-    global _listener
-    if _listener is not None:
-        _listener.stop()
-        _listener = None
+    global _writer
+    if _writer is not None:
+        _writer.stop()
+        _writer = None
 
 
 def config_summary(cfg) -> dict:

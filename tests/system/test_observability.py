@@ -578,7 +578,7 @@ def test_auto_log_format_is_text_on_a_terminal_and_json_in_a_pipe():
             stream = os.fdopen(os.dup(fd), "w", buffering=1)
             logs.configure("auto", "info", stream=stream)
             logging.getLogger("server").info("hello from %s", name, extra={"event": "probe"})
-            logs.shutdown()  # flushes the queue listener
+            logs.shutdown()  # flushes the log writer
             stream.flush()
             lines[name] = os.read(reader, 65536).decode().strip()
             stream.close()

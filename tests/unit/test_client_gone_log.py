@@ -17,7 +17,7 @@ def records(emit) -> list[dict]:
     try:
         emit(logging.getLogger(logs.GRPC_CORE_LOGGER))
     finally:
-        logs.shutdown()  # flushes the queue listener into the stream
+        logs.shutdown()  # flushes the log writer into the stream
         logs.configure("json", "info")
     return [json.loads(line) for line in stream.getvalue().splitlines() if line.strip()]
 

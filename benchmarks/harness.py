@@ -49,9 +49,11 @@ def free_port() -> int:
 class ServerProcess:
     def __init__(self, *flags: str, port: int = 0, metrics_port: int = 0, http_port: int = -1,
                  metrics: bool = True, log_path: Optional[Path] = None, pipe: bool = False,
-                 env: Optional[dict] = None):
+                 env: Optional[dict] = None, root: Optional[Path] = None):
         """`http_port`: -1 = no HTTP port, 0 = a free one; `metrics=False`: no metrics endpoint;
-        `env`: the process's whole environment (None: this one's)."""
+        `env`: the process's whole environment (None: this one's); `root`: the checkout whose server
+        runs (None: this one; another, e.g. a `git worktree` of an earlier commit, for an A/B)."""
+        self.root = Path(root) if root is not None else ROOT
         self.flags = list(flags)
         self.port = port or free_port()
         self.metrics_port = (metrics_port or free_port()) if metrics else -1
@@ -88,7 +90,7 @@ class ServerProcess:
     def launch(self) -> "ServerProcess":
         """Start the process and return at once (start() also waits for SERVING)."""
         if self.pipe:
-            self.proc = subprocess.Popen(self.command, cwd=ROOT, env=self.env, stdout=subprocess.PIPE,
+            self.proc = subprocess.Popen(self.command, cwd=self.root, env=self.env, stdout=subprocess.PIPE,
                                          stderr=subprocess.STDOUT, text=True)
             return self
         if self.log_path is None:
@@ -96,7 +98,7 @@ class ServerProcess:
             os.close(fd)
             self.log_path, self._own_log = Path(name), True
         self._log = open(self.log_path, "a")  # a restart on the same log appends to it
-        self.proc = subprocess.Popen(self.command, cwd=ROOT, env=self.env, stdout=self._log,
+        self.proc = subprocess.Popen(self.command, cwd=self.root, env=self.env, stdout=self._log,
                                      stderr=subprocess.STDOUT)
         return self
 

@@ -9,7 +9,7 @@ import os
 if __name__ == "__main__":
     p = argparse.ArgumentParser(prog="python -m server.coreprocess", description=__doc__)
     p.add_argument("--config", required=True, help="the server's settings as JSON (written by the supervisor)")
-    p.add_argument("--address", required=True, help="ZeroMQ address to bind, ipc://...")
+    p.add_argument("--address", required=True, help="the Unix socket path to listen on for the frontends (server/coreprocess/channel.py)")
     p.add_argument("--parent", type=int, required=True, help="the frontend's pid: the core exits when it is gone")
     p.add_argument("--pieces", default="", help="each model's vocabulary pieces as JSON (written by the "
                    "supervisor from the frontend's tokenizers): the core then loads no tokenizer")

@@ -77,7 +77,7 @@ def main() -> int:
     limit_malloc_arenas()  # before gRPC, uvicorn and the link start their threads (models/core/heap.py)
     p = argparse.ArgumentParser(prog="python -m server.coreprocess.frontend", description=__doc__)
     p.add_argument("--config", required=True, help="the server's settings as JSON (written by the primary)")
-    p.add_argument("--core", required=True, help="the engine replicas' ZeroMQ addresses, comma-separated")
+    p.add_argument("--core", required=True, help="the engine replicas' socket paths, comma-separated")
     p.add_argument("--control", required=True, help="the primary's control address")
     p.add_argument("--port", type=int, required=True, help="the gRPC port the primary bound")
     p.add_argument("--http-port", type=int, required=True, help="the HTTP port the primary bound (-1: none)")

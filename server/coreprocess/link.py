@@ -1,12 +1,11 @@
 """A frontend's side of the engine core: queue jobs, cancel them, deliver their events.
 
-Runs on the frontend's asyncio loop (zmq.asyncio: the sockets are only ever touched there). A job
-submitted here keeps its sink and its frontend-side `Job` object; the core gets a `JobSpec` and
-answers `Accepted` or `Refused` (queue full, shutting down: the same ServiceError kinds as the
-in-process scheduler raises, so admission and the status mapping do not know which side ran it).
-Two sockets: a DEALER to the core's ROUTER for requests and their answers, and a PULL socket of this
-link's own, named in the Hello, where the core's engine threads send the Events (one PUSH socket
-each, so a job's events arrive in order; server/coreprocess/process.py says why).
+Runs on the frontend's asyncio loop, over one connection to the core (server/coreprocess/channel.py:
+every message wakes only the thread that reads it). A job submitted here keeps its sink and its
+frontend-side `Job` object; the core gets a `JobSpec` and answers `Accepted` or `Refused` (queue
+full, shutting down: the same ServiceError kinds as the in-process scheduler raises, so admission and
+the status mapping do not know which side ran it). The core's engine threads write each step's
+`Events` to the same connection, so a job's events arrive in order.
 
 Each `Events` message is delivered in one go (every sink of a stream posts to the loop's relay,
 one wake-up for the lot). If it finds this loop's streams still holding the previous message's events,
@@ -22,20 +21,17 @@ silently dropped) and refuses new work until the supervisor has a new core Ready
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import os
-import tempfile
 import threading
 import time
 from typing import Optional
 
 import numpy as np
-import zmq
-import zmq.asyncio
 
 from server.coreprocess import protocol as wire
+from server.coreprocess.channel import FrameProtocol
 from server.core.errors import ServiceError, Unavailable
 from server.relay import Outflow, outflow_for
 from server.core.request import EmbedJob, FinishEvent, FinishReason, Hypothesis, Job, TokenEvent
@@ -44,6 +40,8 @@ log = logging.getLogger("server.coreprocess")
 # The longest the core's next Events waits for this loop's stream backlog to clear (a loop that stays
 # busy must not hold back every stream's tokens for long).
 MAX_HOLD_S = 0.05
+# How often connect() tries again while the core is not listening yet (it listens once its models are warm).
+CONNECT_RETRY_S = 0.02
 
 
 def error_of(code: str, message: str) -> ServiceError:
@@ -54,13 +52,10 @@ def error_of(code: str, message: str) -> ServiceError:
 
 class CoreLink:
     def __init__(self, address: str):
-        self.address = address
+        self.address = address  # the core's listening socket (a path)
         self.outflow: Optional[Outflow] = None  # the loop's stream backlog (set by connect)
         self.holding = False  # the core was told Hold and not yet Resume
-        self.ctx = zmq.asyncio.Context()
-        self.sock: Optional[zmq.asyncio.Socket] = None
-        self.events: Optional[zmq.asyncio.Socket] = None  # the PULL socket the engine threads send to
-        self.events_address = events_address(address)
+        self.channel: Optional[FrameProtocol] = None  # the connection to the core, once made
         self.jobs: dict[int, Job | EmbedJob] = {}  # in the core, until their terminal event
         self.waiting: dict[int, asyncio.Future] = {}  # submit / metrics tickets awaiting an answer
         self.submitting: dict[int, list] = {}  # ticket -> its jobs, until Accepted or Refused
@@ -68,46 +63,44 @@ class CoreLink:
         self._last_metrics = ""
         self.ready: Optional[asyncio.Future] = None
         self.up = False  # a core is Ready and has not been lost since
-        self._receiver: Optional[asyncio.Task] = None
-        self._events_receiver: Optional[asyncio.Task] = None
 
     # -- connection ------------------------------------------------------------------------
     async def connect(self) -> wire.Ready:
-        """(Re)connect to the core at `address` and wait for its Ready (it binds once its models are warm)."""
+        """(Re)connect to the core at `address` and wait for its Ready. The core listens once its models are
+        warm (a restarted one at the same path): until then the connection is refused, and tried again."""
         self._close_socket()
         self._loop, self._loop_thread = asyncio.get_running_loop(), threading.get_ident()
         self.outflow = outflow_for(self._loop)
-        self.holding = False  # a new core (or socket) starts sending at once
-        self.sock = self.ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.IDENTITY, identity(os.getpid()))  # the primary names a dead frontend by it
-        self.sock.connect(self.address)
-        self.events = self.ctx.socket(zmq.PULL)
-        self.events.setsockopt(zmq.LINGER, 0)
-        self.events.setsockopt(zmq.RCVHWM, 0)  # the core's Hold/Resume bounds what it sends, never a drop
-        if self.events_address.startswith("ipc://"):  # a stale file from a killed process of the same pid
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.events_address[len("ipc://"):])
-        self.events.bind(self.events_address)
+        self.holding = False  # a new core (or connection) starts sending at once
         self.ready = self._loop.create_future()
-        self._receiver = asyncio.create_task(self._receive(self.sock), name="core-link")
-        self._events_receiver = asyncio.create_task(self._receive(self.events), name="core-events")
-        await self.sock.send(wire.encode(wire.Hello(self.events_address)))
+        while True:
+            try:
+                _, channel = await self._loop.create_unix_connection(
+                    lambda: FrameProtocol(self._on_message, self._on_lost), self.address)
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                await asyncio.sleep(CONNECT_RETRY_S)
+        self.channel = channel
+        channel.send(wire.encode(wire.Hello(identity(os.getpid()))))
         ready = await self.ready
         self.up = True
         return ready
 
+    def _on_lost(self, exc: Optional[Exception]) -> None:
+        """The connection ended. The supervisor learns why from the core's exit and fails what was in it;
+        until then nothing more can be sent."""
+        self.channel = None
+
+    def _send(self, msg) -> None:
+        if self.channel is None:
+            raise Unavailable("the engine core is restarting; retry")
+        self.channel.send(wire.encode(msg))
+
     def _close_socket(self) -> None:
-        for task in (self._receiver, self._events_receiver):
-            if task is not None:
-                task.cancel()
-        self._receiver = self._events_receiver = None
-        if self.sock is not None:
-            self.sock.close(0)
-            self.sock = None
-        if self.events is not None:
-            self.events.close(0)
-            self.events = None
+        channel, self.channel = self.channel, None
+        if channel is not None and channel.transport is not None:
+            channel.on_message = channel.on_lost = _ignore  # a closed connection's last frames go nowhere
+            channel.transport.abort()
 
     def lost(self, error: Exception) -> int:
         """The core is gone: fail every job and ticket in flight with `error`; returns the jobs failed."""
@@ -130,7 +123,6 @@ class CoreLink:
 
     def close(self) -> None:
         self._close_socket()
-        self.ctx.term()
 
     # -- requests --------------------------------------------------------------------------
     async def submit(self, model: str, jobs: list[Job | EmbedJob]) -> None:
@@ -147,7 +139,7 @@ class CoreLink:
             job.on_cancel = self._cancel
         self.submitting[ticket] = jobs
         try:
-            await self.sock.send(wire.encode(wire.Submit(ticket, model, specs)))
+            self._send(wire.Submit(ticket, model, specs))
             await future
         except BaseException:
             for job in jobs:
@@ -168,8 +160,8 @@ class CoreLink:
         if threading.get_ident() != self._loop_thread:  # the socket is the loop's alone
             self._loop.call_soon_threadsafe(self._cancel, job)
             return
-        if self.up and job.id in self.jobs and self.sock is not None:
-            self.sock.send(wire.encode(wire.Cancel([job.id])))
+        if self.up and job.id in self.jobs and self.channel is not None:
+            self._send(wire.Cancel([job.id]))
 
     async def metrics_text(self, timeout: float = 1.0) -> str:
         """The core registry's exposition. A core that does not answer within `timeout` (busy in a long
@@ -179,57 +171,57 @@ class CoreLink:
             return self._last_metrics
         ticket = next(self._tickets)
         future = self.waiting[ticket] = asyncio.get_running_loop().create_future()
-        await self.sock.send(wire.encode(wire.AskMetrics(ticket)))
         try:
+            self._send(wire.AskMetrics(ticket))
             self._last_metrics = await asyncio.wait_for(future, timeout)
-        except asyncio.TimeoutError:
+        except (asyncio.TimeoutError, Unavailable):
             self.waiting.pop(ticket, None)
         return self._last_metrics
 
     async def forget(self, frontend: bytes) -> None:
-        """Tell the core that the frontend with this routing id died: its jobs are cancelled."""
-        if self.up and self.sock is not None:
-            await self.sock.send(wire.encode(wire.Forget(frontend)))
+        """Tell the core that the frontend with this identity died: its jobs are cancelled. (The core sees
+        its connection end as well; this says it whichever the core hears first.)"""
+        if self.up and self.channel is not None:
+            self._send(wire.Forget(frontend))
 
     async def stop(self, grace: float) -> None:
         """Ask the core to drain (refuse new work, finish within `grace`, fail the rest) and exit."""
-        if self.up and self.sock is not None:
-            await self.sock.send(wire.encode(wire.Stop(grace)))
+        if self.up and self.channel is not None:
+            self._send(wire.Stop(grace))
 
     # -- answers -----------------------------------------------------------------------------
-    async def _receive(self, sock: zmq.asyncio.Socket) -> None:
-        """Read one socket (the requests' DEALER or the Events' PULL) until the link closes it."""
-        while True:
-            msg = wire.to_frontend(await sock.recv(copy=True))
-            if isinstance(msg, wire.Events):
-                if self.outflow.pending and not self.holding:  # the last message's events are still waiting
-                    self._hold()
-                self._deliver(msg.items)
-            elif isinstance(msg, wire.Ready):
-                if self.ready is not None and not self.ready.done():
-                    self.ready.set_result(msg)
+    def _on_message(self, payload: bytes) -> None:
+        """One frame from the core (FrameProtocol calls this for every frame of a read, in order)."""
+        msg = wire.to_frontend(payload)
+        if isinstance(msg, wire.Events):
+            if self.outflow.pending and not self.holding:  # the last message's events are still waiting
+                self._hold()
+            self._deliver(msg.items)
+        elif isinstance(msg, wire.Ready):
+            if self.ready is not None and not self.ready.done():
+                self.ready.set_result(msg)
+        else:
+            future = self.waiting.pop(msg.ticket, None)
+            if future is None or future.done():
+                return
+            if isinstance(msg, wire.Refused):
+                future.set_exception(error_of(msg.code, msg.message))
             else:
-                future = self.waiting.pop(msg.ticket, None)
-                if future is None or future.done():
-                    continue
-                if isinstance(msg, wire.Refused):
-                    future.set_exception(error_of(msg.code, msg.message))
-                else:
-                    future.set_result(msg.text if isinstance(msg, wire.MetricsText) else None)
+                future.set_result(msg.text if isinstance(msg, wire.MetricsText) else None)
 
     def _hold(self) -> None:
         """Tell the core to collect; Resume once this loop's streams have taken what they were given (the
         relay's drain and the streams run first), or after MAX_HOLD_S at the latest."""
-        sock = self.sock  # the requests' socket (the core's main thread reads Hold and Resume)
+        channel = self.channel  # the core's main thread reads Hold and Resume
         self.holding = True
-        sock.send(wire.encode(wire.Hold()))
+        channel.send(wire.encode(wire.Hold()))
         resumed = []
 
         def resume() -> None:
-            if not resumed and sock is self.sock:
+            if not resumed and channel is self.channel:
                 resumed.append(True)
                 self.holding = False
-                sock.send(wire.encode(wire.Resume()))
+                channel.send(wire.encode(wire.Resume()))
         loop = asyncio.get_running_loop()
         loop.call_later(MAX_HOLD_S, resume)
         loop.call_soon(self.outflow.when_empty, resume)
@@ -265,15 +257,9 @@ def identity(pid: int) -> bytes:
 
 
 def socket_address(directory: str) -> str:
-    return f"ipc://{os.path.join(directory, 'core.sock')}"
+    """Where a core started for this server directory listens."""
+    return os.path.join(directory, "core.sock")
 
 
-_links = itertools.count(1)
-
-
-def events_address(core_address: str) -> str:
-    """Where a link's PULL socket binds: beside the core's socket (the core's directory), named by this
-    process and link so frontends and replicas never share one."""
-    name = f"events-{os.getpid()}-{next(_links)}.sock"
-    directory = os.path.dirname(core_address[len("ipc://"):]) if core_address.startswith("ipc://") else ""
-    return f"ipc://{os.path.join(directory or tempfile.gettempdir(), name)}"
+def _ignore(*_) -> None:
+    pass

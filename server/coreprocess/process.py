@@ -1,5 +1,6 @@
 """The engine core process: ONNX Runtime, the slot caches, the schedulers and the engine loops of
-every model, behind one ZeroMQ ROUTER socket. No grpc, no protobuf, no HTTP.
+every model, behind one listening Unix socket (server/coreprocess/channel.py). No grpc, no protobuf,
+no HTTP.
 
 Why a process of its own (issue 22): in one process the frontend's per-message gRPC work and the
 engine's per-step Python share one interpreter lock, and a native crash in a kernel takes every
@@ -7,10 +8,9 @@ caller's connection with it. Here the frontends (server/coreprocess/link.py) kee
 the protobuf, documents and detokenisation; the core keeps the model and the decode loop.
 
 Threads: one engine loop per model (server/core/loop.py, unchanged), and this process's main thread,
-which owns the ROUTER socket (ZeroMQ sockets are single-threaded): it takes the frontends' requests
-and answers them. Events go out from the engine threads themselves: each (frontend, model) pair has
-an `Outbox` that the model's engine thread fills during a step and sends once at its end, on a PUSH
-socket of its own connected to the frontend's PULL socket (the address in its Hello).
+which accepts the frontends' connections, reads their requests and answers them. Events go out from
+the engine threads themselves: each (frontend, model) pair has an `Outbox` that the model's engine
+thread fills during a step and sends once at its end, on that frontend's connection.
 
 Measured problem (issue 35, py-spy over a core serving one stream): when the main thread sent the
 events, every step cost a wake-up write on the engine thread, a poll return and a send on the main
@@ -20,25 +20,28 @@ same: one `Events` message per step with everything since the last, unless the f
 is behind (`Hold`, until `Resume`); meanwhile the outbox keeps collecting, and a stream's consecutive
 tokens merge into one item: a frontend that falls behind gets fewer, fuller messages, an idle one each
 token at once (coalescing by back-pressure), and a frontend that keeps up sends nothing back. A
-job's events all come from its model's engine thread through one socket, so they arrive in order.
+job's events all come from its model's engine thread through one connection, so they arrive in order;
+events posted off the engine thread (a job failed while the engine sleeps) are sent by the main thread,
+under the same outbox lock, so they keep their order too.
 """
 from __future__ import annotations
 
 import logging
 import os
+import selectors
 import signal
 import threading
 import time
 from typing import Optional
 
 import numpy as np
-import zmq
 from prometheus_client import generate_latest
 
 from models.core.bundle import discover
 from server import relay
 from server.config import ServerConfig
 from server.coreprocess import protocol as wire
+from server.coreprocess.channel import Peer, listen
 from server.core.errors import ServiceError
 from server.hosted import HostedModel
 from server.metrics import Metrics
@@ -46,8 +49,9 @@ from server.observability import logs
 from server.core.request import EmbedJob, ErrorEvent, FinishEvent, Job, TokenEvent
 
 log = logging.getLogger("server.coreprocess")
-POLL_MS = 100  # parent and watchdog checks between messages
+POLL_S = 0.1  # parent and watchdog checks between messages
 EXIT_STUCK = 3  # the watchdog's exit status: the supervisor restarts the core
+EXIT_WRITE_S = 2.0  # at exit, how long the last Events may take to go out to a frontend
 
 
 def to_wire(job_id: int, event) -> wire.Event:
@@ -70,16 +74,14 @@ def to_wire(job_id: int, event) -> wire.Event:
 class Outbox:
     """One frontend's events from one model's engine thread, collected during a step and sent at its end."""
 
-    def __init__(self, identity: bytes, ctx: zmq.Context, address: str, wake_fd: int) -> None:
-        self.identity, self.ctx, self._wake_fd = identity, ctx, wake_fd
-        self.address = address  # the frontend's PULL socket ("": the main thread sends, on the ROUTER)
-        self.sock: Optional[zmq.Socket] = None  # the engine thread's PUSH socket, made on its first send
-        self.sock_address = ""
+    def __init__(self, peer: Peer, wake_fd: int) -> None:
+        self.peer, self._wake_fd = peer, wake_fd
         self.lock = threading.Lock()
         self.items: list[wire.Event] = []
         self.tokens_at: dict[int, int] = {}  # job id -> index of its pending Tokens item (merged into)
         self.held = False  # the frontend said it is behind (Hold) and has not said Resume yet
-        self.gone = False  # the frontend died (Forget): drop what comes, close the socket
+        self.gone = False  # the frontend died (its connection ended, or Forget): drop what comes
+        self.main_due = False  # posted off the engine thread: the main thread sends it
         # A job's first tokens and its end go out at once, held or not: back-pressure merges the
         # tokens in between, never delays a stream's first token (TTFT) or a unary call's answer.
         self.urgent = False
@@ -104,45 +106,34 @@ class Outbox:
                 self.urgent = True
             self.items.append(item)
         # On the engine thread (wake-ups held) the step's end sends (_wake); on any other thread the
-        # main thread does, and only for an outbox without a PULL address (see _wake_main).
+        # main thread does.
         if not relay.defer_wake(self):
-            self._wake_main()
-
-    def _wake_main(self) -> None:
-        os.write(self._wake_fd, b"x")
+            self.main_due = True
+            os.write(self._wake_fd, b"x")
 
     def _wake(self) -> None:
         """The engine step's end (relay.flush, on the engine thread): send what the step collected."""
-        if not self.address:
-            self._wake_main()
-            return
-        if self.gone:
-            self.take()
-            self.close(0)
-            return
-        if self.held and not self.urgent:
-            return  # the frontend is behind: keep collecting (its streams' tokens merge)
-        items = self.take()
-        if not items:
-            return
-        if self.sock is None or self.sock_address != self.address:  # first send, or the frontend reconnected
-            self.close(0)
-            self.sock = self.ctx.socket(zmq.PUSH)
-            self.sock.setsockopt(zmq.SNDHWM, 0)  # never drop or block: Hold/Resume bounds what is queued
-            self.sock.setsockopt(zmq.LINGER, 2000)
-            self.sock.connect(self.address)
-            self.sock_address = self.address
-        self.sock.send(wire.encode(wire.Events(items)))  # copied: small, and no zero-copy bookkeeping thread
+        self.flush()
 
-    def close(self, linger: int = 2000) -> None:
-        """Close the engine thread's socket: from that thread, or once it has ended."""
-        if self.sock is not None:
-            self.sock.close(linger)
-            self.sock = None
+    def flush(self, force: bool = False) -> None:
+        """Send what was collected as one Events message, unless the frontend is behind (then only a
+        first token or an end goes, or everything when `force`d); under the lock, so the engine thread
+        and the main thread never send one outbox's events out of order."""
+        with self.lock:
+            if self.gone:
+                self.items, self.tokens_at, self.urgent = [], {}, False
+                return
+            if not self.items or (self.held and not (self.urgent or force)):
+                return  # nothing, or the frontend is behind: keep collecting (its streams' tokens merge)
+            items = self._take()
+            self.peer.send(wire.encode(wire.Events(items)))
 
     def take(self) -> list[wire.Event]:
         with self.lock:
-            items, self.items, self.tokens_at, self.urgent = self.items, [], {}, False
+            return self._take()
+
+    def _take(self) -> list[wire.Event]:
+        items, self.items, self.tokens_at, self.urgent = self.items, [], {}, False
         return items
 
 
@@ -152,84 +143,70 @@ class Core:
         self.models, self.metrics, self.parent, self.watchdog_s = models, metrics, parent, watchdog_s
         self.ready = wire.Ready([wire.ModelFacts(m.name, m.provider, m.capacity, m.variant)
                                  for m in models.values()], os.getpid())
-        self.ctx = zmq.Context()
-        # The engine threads' PUSH sockets get a context (an I/O thread) of their own. Sharing the ROUTER's,
-        # a reply from the main thread (Accepted) waited for the engine's next send in a quarter of the calls:
-        # p90 3.4 ms from Submit to Accepted at the frontend against 0.54 ms apart (one stream, 2026-11-27).
-        self.events_ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 1000)
-        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted frontend with the same id takes over
-        self.sock.bind(address)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
-        self.outboxes: dict[tuple[bytes, str], Outbox] = {}  # (frontend, model) -> its outbox
-        self.events_at: dict[bytes, str] = {}  # frontend -> its PULL socket's address (from its Hello)
-        self.every_box: list[Outbox] = []  # forgotten ones too: their sockets are closed at exit
+        self.listener = listen(address)
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.listener, selectors.EVENT_READ)
+        self.selector.register(self._wake_r, selectors.EVENT_READ)
+        self.peers: set[Peer] = set()
+        self.writing: set[Peer] = set()  # peers whose socket the selector watches for room
+        self.outboxes: dict[tuple[Peer, str], Outbox] = {}  # (frontend, model) -> its outbox
         self.stopping: Optional[threading.Thread] = None
 
     # -- requests from a frontend ---------------------------------------------------------
-    def _outbox(self, identity: bytes, model: str) -> Outbox:
-        box = self.outboxes.get((identity, model))
+    def _outbox(self, peer: Peer, model: str) -> Outbox:
+        box = self.outboxes.get((peer, model))
         if box is None:
-            box = self.outboxes[(identity, model)] = Outbox(identity, self.events_ctx, self.events_at.get(identity, ""),
-                                                            self._wake_w)
-            self.every_box.append(box)
+            box = self.outboxes[(peer, model)] = Outbox(peer, self._wake_w)
         return box
 
-    def _boxes(self, identity: bytes) -> list[Outbox]:
-        return [box for (who, _), box in self.outboxes.items() if who == identity]
+    def _boxes(self, peer: Peer) -> list[Outbox]:
+        return [box for (who, _), box in self.outboxes.items() if who is peer]
 
-    def handle(self, identity: bytes, msg) -> None:
+    def handle(self, peer: Peer, msg) -> None:
         if isinstance(msg, wire.Hello):
-            self.events_at[identity] = msg.events
-            for box in self._boxes(identity):
-                box.held = False  # a frontend (re)connecting is not behind
-                box.address = msg.events  # the engine thread reconnects on its next send
-            self._send(identity, self.ready)
+            for other in [p for p in self.peers if p is not peer and msg.identity and p.identity == msg.identity]:
+                self._drop(other)  # a frontend of that name connected again: the old connection is dead
+            peer.identity = msg.identity
+            self._send(peer, self.ready)
         elif isinstance(msg, (wire.Hold, wire.Resume)):
             # After Resume the engine thread sends at its step's end: every event still held belongs to
             # a running job (a job's end is urgent), so its next step comes.
-            for box in self._boxes(identity):
+            for box in self._boxes(peer):
                 box.held = isinstance(msg, wire.Hold)
-                if not box.held and not box.address:
-                    self._send_events(box)
         elif isinstance(msg, wire.Submit):
-            self._submit(identity, msg)
+            self._submit(peer, msg)
         elif isinstance(msg, wire.Cancel):
-            for box in self._boxes(identity):
+            for box in self._boxes(peer):
                 for job_id in msg.ids:
                     job = box.jobs.get(job_id)
                     if job is not None:
                         job.cancel()
         elif isinstance(msg, wire.AskMetrics):
-            self._send(identity, wire.MetricsText(msg.ticket, generate_latest(self.metrics.registry).decode()))
+            self._send(peer, wire.MetricsText(msg.ticket, generate_latest(self.metrics.registry).decode()))
         elif isinstance(msg, wire.Forget):
-            self.events_at.pop(msg.identity, None)
-            for key in [key for key in self.outboxes if key[0] == msg.identity]:
-                box = self.outboxes.pop(key)
-                box.gone = True  # its engine thread drops what comes and closes the socket
-                for job in list(box.jobs.values()):
-                    job.cancel()  # dropped at the next step; its events go nowhere
+            for other in [p for p in self.peers if p.identity == msg.identity]:
+                self._drop(other)
         elif isinstance(msg, wire.Stop) and self.stopping is None:
             self.stopping = threading.Thread(target=self._stop, args=(msg.grace,), name="core-stop", daemon=True)
             self.stopping.start()
 
-    def _submit(self, identity: bytes, msg: wire.Submit) -> None:
+    def _submit(self, peer: Peer, msg: wire.Submit) -> None:
         model = self.models.get(msg.model)
         if model is None:
-            self._send(identity, wire.Refused(msg.ticket, "NOT_FOUND", f"the core serves no model {msg.model}"))
+            self._send(peer, wire.Refused(msg.ticket, "NOT_FOUND", f"the core serves no model {msg.model}"))
             return
-        box = self._outbox(identity, msg.model)
+        box = self._outbox(peer, msg.model)
         jobs = [self._job(box, spec) for spec in msg.jobs]
         try:
             model.scheduler.submit(jobs)
         except ServiceError as e:
             for job in jobs:
                 box.jobs.pop(job.id, None)
-            self._send(box.identity, wire.Refused(msg.ticket, e.code, str(e)))
+            self._send(peer, wire.Refused(msg.ticket, e.code, str(e)))
             return
-        self._send(box.identity, wire.Accepted(msg.ticket))
+        self._send(peer, wire.Accepted(msg.ticket))
 
     @staticmethod
     def _job(box: Outbox, spec: wire.JobSpec) -> Job | EmbedJob:
@@ -247,50 +224,93 @@ class Core:
         box.jobs[job_id] = job
         return job
 
-    # -- events to a frontend ---------------------------------------------------------------
-    def _send(self, identity: bytes, msg) -> None:
-        self.sock.send_multipart([identity, wire.encode(msg)], copy=False)
+    @staticmethod
+    def _send(peer: Peer, msg) -> None:
+        peer.send(wire.encode(msg))
 
-    def _send_events(self, box: Outbox, force: bool = False) -> None:
-        if box.held and not (box.urgent or force):
-            return  # the frontend is behind: keep collecting (its streams' tokens merge)
-        items = box.take()
-        if items:
-            self._send(box.identity, wire.Events(items))
+    # -- connections ------------------------------------------------------------------------
+    def _wake(self) -> None:
+        os.write(self._wake_w, b"x")
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except BlockingIOError:
+                return
+            peer = Peer(sock, self._wake)
+            self.peers.add(peer)
+            self.selector.register(sock, selectors.EVENT_READ, peer)
+
+    def _read(self, peer: Peer) -> None:
+        payloads = peer.receive()
+        if payloads is None:  # the frontend closed its end (exited, or was killed)
+            self._drop(peer)
+            return
+        for payload in payloads:
+            try:
+                self.handle(peer, wire.to_core(payload))
+            except Exception:  # noqa: BLE001 (a malformed frame must not stop the core)
+                log.exception("bad message from a frontend")
+
+    def _drop(self, peer: Peer) -> None:
+        """A frontend is gone: its jobs are cancelled (dropped at the next step), their events go nowhere."""
+        if peer not in self.peers:
+            return
+        self.peers.discard(peer)
+        self.writing.discard(peer)
+        self.selector.unregister(peer.sock)
+        peer.close()
+        for key in [key for key in self.outboxes if key[0] is peer]:
+            box = self.outboxes.pop(key)
+            box.gone = True
+            for job in list(box.jobs.values()):
+                job.cancel()
+
+    def _watch_room(self) -> None:
+        """Watch for room on the sockets where a send left bytes waiting; stop once they have gone."""
+        for peer in self.peers:
+            if peer.pending and peer not in self.writing:
+                self.writing.add(peer)
+                self.selector.modify(peer.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, peer)
 
     # -- the main thread ----------------------------------------------------------------------
     def run(self) -> int:
-        poller = zmq.Poller()
-        poller.register(self.sock, zmq.POLLIN)
-        poller.register(self._wake_r, zmq.POLLIN)
         while True:
-            ready = dict(poller.poll(POLL_MS))
-            if self.sock in ready:
-                while True:
-                    try:
-                        identity, frame = self.sock.recv_multipart(zmq.NOBLOCK, copy=True)
-                    except zmq.Again:
-                        break
-                    try:
-                        self.handle(identity, wire.to_core(frame))
-                    except Exception:  # noqa: BLE001 (a malformed frame must not stop the core)
-                        log.exception("bad message from a frontend")
-            if self._wake_r in ready:
-                try:
-                    os.read(self._wake_r, 65536)
-                except BlockingIOError:
-                    pass
+            for key, mask in self.selector.select(POLL_S):
+                peer = key.data
+                if peer is None:
+                    if key.fileobj is self.listener:
+                        self._accept()
+                    else:
+                        try:
+                            os.read(self._wake_r, 65536)
+                        except BlockingIOError:
+                            pass
+                    continue
+                if mask & selectors.EVENT_WRITE and peer in self.writing and peer.write_pending():
+                    self.writing.discard(peer)
+                    self.selector.modify(peer.sock, selectors.EVENT_READ, peer)
+                if mask & selectors.EVENT_READ:
+                    self._read(peer)
             for box in list(self.outboxes.values()):
-                if not box.address:  # the others are their engine threads' to send
-                    self._send_events(box)
+                if box.main_due:  # posted off the engine thread (the others are the engine threads' to send)
+                    box.main_due = False
+                    box.flush()
+            self._watch_room()
             if self.stopping is not None and not self.stopping.is_alive():
                 for box in self.outboxes.values():
-                    if not box.address:
-                        self._send_events(box, force=True)
+                    box.flush(force=True)
                 return 0
             status = self._check()
             if status is not None:
                 return status
+
+    def close(self) -> None:
+        """Write out what waits for each frontend (the last Events, up to EXIT_WRITE_S) and close."""
+        for peer in list(self.peers):
+            peer.close(wait=EXIT_WRITE_S)
+        self.listener.close()
 
     def _check(self) -> Optional[int]:
         if os.getppid() != self.parent:  # the frontend is gone: nobody is left to answer
@@ -338,12 +358,5 @@ def main(cfg: ServerConfig, address: str, parent: int, pieces: Optional[dict[str
     except Exception:  # noqa: BLE001
         log.exception("engine core failed")
         status = 1
-    core.sock.close(linger=2000)  # the last Events go out before the process does
-    # The engine threads' sockets may be closed here once those threads have ended (a clean stop);
-    # otherwise the process ends without waiting on them (the frontends fail what was in flight).
-    if not any(model.loop.is_alive() for model in models.values()):
-        for box in core.every_box:
-            box.close()
-        core.events_ctx.term()
-        core.ctx.term()
+    core.close()  # the last Events go out before the process does
     os._exit(status)  # engine threads are daemons; nothing else to wait for

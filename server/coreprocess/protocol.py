@@ -1,10 +1,11 @@
-"""The messages between a frontend and the engine core process: msgspec Structs over ZeroMQ.
+"""The messages between a frontend and the engine core process: msgspec Structs, one per frame of the
+frontend's connection to the core (server/coreprocess/channel.py).
 
 Plain data only (no protobuf, no grpc): the frontend sends the jobs its admission step built and
-the cancellations of its callers to the core's ROUTER socket, which answers them (Ready, Accepted,
-Refused, MetricsText); each engine thread sends, once per engine step, one `Events` message per
-frontend carrying every new token, result and error of that frontend's jobs on that model, on a PUSH
-socket of its own to the address the frontend's Hello named (server/coreprocess/process.py says why).
+the cancellations of its callers; the core's main thread answers them (Ready, Accepted, Refused,
+MetricsText), and each engine thread sends, once per engine step, one `Events` message per frontend
+carrying every new token, result and error of that frontend's jobs on that model, itself, on the same
+connection (server/coreprocess/process.py says why).
 Why msgspec's MessagePack: typed structs decoded without a Python object per field of an intermediate dict, ~1 us per job
 spec either way, and a tagged union so each frame names its own kind.
 """
@@ -67,10 +68,9 @@ class JobSpec(msgspec.Struct, array_like=True):
 
 # -- frontend -> core ---------------------------------------------------------------
 class Hello(msgspec.Struct, tag=True, array_like=True):
-    """A frontend's first message (a ROUTER learns a peer's address from what it sends); answered by
-    Ready once the core has loaded and warmed its models. `events`: the address of the frontend's PULL
-    socket, where the engine threads send its Events ("": the core's main thread sends them)."""
-    events: str = ""
+    """A frontend's first message on its connection, naming it (the primary's Forget names a dead
+    frontend the same way); answered by Ready."""
+    identity: bytes = b""
 
 
 class Submit(msgspec.Struct, tag=True, array_like=True):
@@ -97,7 +97,7 @@ class AskMetrics(msgspec.Struct, tag=True, array_like=True):
 
 
 class Forget(msgspec.Struct, tag=True, array_like=True):
-    """From the primary frontend: the frontend with this routing id has died; cancel its jobs."""
+    """From the primary frontend: the frontend with this identity (its Hello) has died; cancel its jobs."""
     identity: bytes
 
 

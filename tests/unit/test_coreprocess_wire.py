@@ -1,17 +1,21 @@
 """The engine core's messages and its per-frontend outbox, without processes: every message kind
 round-trips through msgspec; DecodingParams survive the wire; a stream's tokens merge while the
 frontend has not taken the previous message, but a job's first tokens and its end go out at once;
-events of a job keep their order; a Forget-style drop leaves no job behind."""
+events of a job keep their order; a Forget-style drop leaves no job behind; the frames of the
+frontend <-> core connection survive any split, and a peer whose frontend stops reading never blocks
+the sender and loses nothing."""
 from __future__ import annotations
 
 import os
+import socket
+import threading
 
 import numpy as np
 import pytest
-import zmq
 
 from server import relay
 from server.coreprocess import protocol as wire
+from server.coreprocess.channel import Frames, Peer, frame
 from server.coreprocess.link import error_of
 from server.coreprocess.process import Outbox, to_wire
 from server.core.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, ServiceError, Unavailable
@@ -22,7 +26,7 @@ def test_every_message_round_trips():
     params = wire.params_out(DecodingParams(beam_size=4, temperature=0.0, seed=7, target_prefix="Ein",
                                             repetition_penalty=1.2, no_repeat_ngram_size=3, alternatives=0))
     spec = wire.JobSpec(5, "translate", "m", [1, 2, 3], 12.5, 99.0, params, 40, True, False, (7,), (8, 9))
-    messages = [wire.Hello(), wire.Submit(1, "m", [spec]), wire.Cancel([5]), wire.Hold(), wire.Resume(),
+    messages = [wire.Hello(b"frontend-7"), wire.Submit(1, "m", [spec]), wire.Cancel([5]), wire.Hold(), wire.Resume(),
                 wire.AskMetrics(2),
                 wire.Forget(b"frontend-1"), wire.Stop(3.0)]
     for msg in messages:
@@ -62,14 +66,24 @@ def test_engine_events_become_wire_items():
 
 
 @pytest.fixture
-def outbox():
+def pair():
+    """A connected Unix stream socket pair: the core's Peer on one end, the frontend's plain socket on the other."""
+    core_end, frontend_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    woken = []
+    peer = Peer(core_end, lambda: woken.append(1))
+    peer.woken = woken
+    yield peer, frontend_end
+    peer.close()
+    frontend_end.close()
+
+
+@pytest.fixture
+def outbox(pair):
     r, w = os.pipe()
     os.set_blocking(r, False)
-    ctx = zmq.Context()
-    box = Outbox(b"frontend-1", ctx, "", w)
+    box = Outbox(pair[0], w)
+    box.wake_read = r  # the main thread's end of the wake-up pipe
     yield box
-    box.close(0)
-    ctx.term()
     os.close(r)
     os.close(w)
 
@@ -103,18 +117,20 @@ def test_an_engine_thread_wakes_the_socket_thread_once_per_step(outbox):
         relay._thread.held = None
 
 
-def test_the_engine_thread_sends_each_steps_events_on_its_own_socket(outbox, tmp_path):
-    """With the frontend's PULL address (its Hello), the step's end sends the step's events from the
-    engine thread, one message; held, only a first token or an end goes; forgotten, nothing goes."""
-    pull = outbox.ctx.socket(zmq.PULL)
-    pull.bind(f"ipc://{tmp_path}/events.sock")
-    outbox.address = f"ipc://{tmp_path}/events.sock"
+def test_the_engine_thread_sends_each_steps_events_on_the_frontends_connection(outbox, pair):
+    """The step's end sends the step's events from the engine thread, one message; held, only a first
+    token or an end goes; gone (the frontend died), nothing goes."""
+    _, frontend_end = pair
+    frontend_end.settimeout(0.2)
+    frames = Frames()
 
     def received() -> list:
         messages = []
-        while pull.poll(200):
-            messages.append(wire.to_frontend(pull.recv()))
-        return messages
+        try:
+            while True:
+                messages += [wire.to_frontend(p) for p in frames.feed(frontend_end.recv(65536))]
+        except socket.timeout:
+            return messages
 
     def step(*items) -> None:  # what the engine loop does: post during the step, flush at its end
         relay.hold_wakeups()
@@ -124,21 +140,71 @@ def test_the_engine_thread_sends_each_steps_events_on_its_own_socket(outbox, tmp
             relay.flush()
         finally:
             relay._thread.held = None
-    try:
-        step(wire.Tokens(1, [10]), wire.Tokens(2, [20]))
-        assert received() == [wire.Events([wire.Tokens(1, [10]), wire.Tokens(2, [20])])]
-        outbox.held = True  # the frontend said Hold
-        step(wire.Tokens(1, [11]))
-        step(wire.Tokens(1, [12]))
-        assert received() == []  # collected, merged
-        step(wire.Finished(2, [([20], 0.0, True)], "eos", 1, (None, None, None, None)))  # an end: urgent
-        assert received() == [wire.Events([wire.Tokens(1, [11, 12]),
-                                           wire.Finished(2, [([20], 0.0, True)], "eos", 1, (None, None, None, None))])]
-        outbox.gone = True  # the frontend died (Forget): dropped, the socket closed
-        step(wire.Tokens(1, [13]))
-        assert received() == [] and outbox.sock is None and not outbox.items
-    finally:
-        pull.close(0)
+    step(wire.Tokens(1, [10]), wire.Tokens(2, [20]))
+    assert received() == [wire.Events([wire.Tokens(1, [10]), wire.Tokens(2, [20])])]
+    outbox.held = True  # the frontend said Hold
+    step(wire.Tokens(1, [11]))
+    step(wire.Tokens(1, [12]))
+    assert received() == []  # collected, merged
+    step(wire.Finished(2, [([20], 0.0, True)], "eos", 1, (None, None, None, None)))  # an end: urgent
+    assert received() == [wire.Events([wire.Tokens(1, [11, 12]),
+                                       wire.Finished(2, [([20], 0.0, True)], "eos", 1, (None, None, None, None))])]
+    outbox.gone = True  # the frontend died: dropped
+    step(wire.Tokens(1, [13]))
+    assert received() == [] and not outbox.items
+
+
+def test_a_post_off_the_engine_thread_is_left_to_the_main_thread(outbox):
+    """A job failed while its engine sleeps (posted from another thread) is due for the main thread,
+    which is woken through the pipe; nothing is sent from the posting thread."""
+    outbox.post(wire.Failed(1, "CANCELLED", "gone"))
+    assert outbox.main_due and os.read(outbox.wake_read, 16) == b"x"
+    assert outbox.items == [wire.Failed(1, "CANCELLED", "gone")]
+
+
+@pytest.mark.parametrize("cut", [1, 3, 4, 5, 9])
+def test_frames_survive_any_split(cut):
+    messages = [wire.Accepted(1), wire.Events([wire.Tokens(3, list(range(40)))]), wire.Refused(2, "X", "why")]
+    data = b"".join(frame(wire.encode(m)) for m in messages)
+    frames, got = Frames(), []
+    for at in range(0, len(data), cut):
+        got += [wire.to_frontend(p) for p in frames.feed(data[at:at + cut])]
+    assert got == messages
+
+
+def test_a_corrupt_length_is_refused():
+    with pytest.raises(ValueError):
+        Frames().feed(b"\xff\xff\xff\xff" + b"x")
+
+
+def test_a_peer_that_stops_reading_never_blocks_the_sender_and_loses_nothing(pair):
+    """The frontend does not read: the kernel's buffer fills, sends return at once and keep the rest in
+    order (the main thread is woken to watch for room); once the frontend reads, every frame arrives."""
+    peer, frontend_end = pair
+    payload = b"y" * 65536
+    count = 400  # 26 MB: more than any socket buffer takes
+    sender = threading.Thread(target=lambda: [peer.send(payload + i.to_bytes(4, "little")) for i in range(count)])
+    sender.start()
+    sender.join(10)
+    assert not sender.is_alive() and peer.pending and peer.woken
+    frames, got = Frames(), []
+    frontend_end.setblocking(False)
+    while len(got) < count:
+        peer.write_pending()  # what the core's main thread does when the selector says there is room
+        try:
+            got += frames.feed(frontend_end.recv(1 << 20))
+        except BlockingIOError:
+            pass
+    assert [int.from_bytes(g[-4:], "little") for g in got] == list(range(count))
+    assert peer.write_pending()
+
+
+def test_a_send_to_a_frontend_that_is_gone_is_dropped(pair):
+    peer, frontend_end = pair
+    frontend_end.close()
+    peer.send(b"x" * 10)
+    peer.send(b"x" * 10)  # EPIPE by now: no exception, the peer is marked broken
+    assert peer.broken and peer.receive() is None
 
 
 def test_terminal_items_release_the_job(outbox):

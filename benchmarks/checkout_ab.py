@@ -2,7 +2,8 @@
 
     git worktree add ../before HEAD~1
     python -m benchmarks.checkout_ab --before ../before [--after .] [--rounds 4] [--seconds 12]
-        [--levels stream:1,stream:8,stream:64,unary:4] [--flags "--engine-replicas 1"] [--out FILE.json]
+        [--levels stream:1,stream:8,stream:64,unary:4] [--flags "--engine-replicas 1"]
+        [--loadgen-args "--max-output-tokens 1"] [--out FILE.json]
 
 The question every performance change has to answer on a noisy shared machine: is it faster than the
 commit before, by more than the machine moves between runs? Each round starts each checkout's server
@@ -30,7 +31,7 @@ SRC = ROOT.parent / "shared" / "data" / "multi30k" / "test_2016_flickr.en"
 WARM_S = 3
 
 
-def loadgen(target: str, level: str, seconds: float, out: Path | None = None) -> None:
+def loadgen(target: str, level: str, seconds: float, out: Path | None = None, extra: tuple[str, ...] = ()) -> None:
     rpc, count = level.split(":")
     cmd = [sys.executable, "-m", "client.loadgen", "--target", target, "--src-file", str(SRC), "--rpc", rpc,
            "--concurrency", count, "--duration", str(seconds), "--warmup", "0", "--quiet"]
@@ -38,10 +39,12 @@ def loadgen(target: str, level: str, seconds: float, out: Path | None = None) ->
         cmd += ["--texts-per-call", "32"]
     if out is not None:
         cmd += ["--json", str(out)]
+    cmd += list(extra)
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)  # the figures come from the JSON
 
 
-def serve_levels(root: Path, flags: list[str], levels: list[str], seconds: float) -> dict[str, dict]:
+def serve_levels(root: Path, flags: list[str], levels: list[str], seconds: float,
+                 extra: tuple[str, ...] = ()) -> dict[str, dict]:
     """Start the server of checkout `root`, warm it, serve every level; {level: figures}."""
     results = {}
     with ServerProcess(*flags, metrics=False, root=root) as server:
@@ -49,7 +52,7 @@ def serve_levels(root: Path, flags: list[str], levels: list[str], seconds: float
         for level in levels:
             with tempfile.NamedTemporaryFile(suffix=".json") as f:
                 before = cpu_seconds(server.pid)
-                loadgen(server.target, level, seconds, Path(f.name))
+                loadgen(server.target, level, seconds, Path(f.name), extra)
                 cpu = cpu_seconds(server.pid) - before
                 run = json.loads(Path(f.name).read_text())
             figures = run["levels"][0] if "levels" in run else run
@@ -71,6 +74,8 @@ def main() -> int:
     p.add_argument("--levels", default="stream:1,stream:8,stream:64,unary:4",
                    help="comma-separated stream:N (N streams) and unary:N (N clients of 32-text calls)")
     p.add_argument("--flags", default="", help="server flags for both sides (default: none, the defaults)")
+    p.add_argument("--loadgen-args", default="", help='more client.loadgen flags for every level, e.g. '
+                   '"--max-output-tokens 1" (every call one token: the figures become costs per call)')
     p.add_argument("--out", type=Path, help="write every round's figures here as JSON")
     args = p.parse_args()
     sides = {"before": args.before.resolve(), "after": args.after.resolve()}
@@ -79,7 +84,8 @@ def main() -> int:
     print(date_line(), machine_line(), sep="\n", flush=True)
     for number, order in enumerate(rotations(list(sides), args.rounds), 1):
         for side in order:
-            for level, figures in serve_levels(sides[side], args.flags.split(), levels, args.seconds).items():
+            for level, figures in serve_levels(sides[side], args.flags.split(), levels, args.seconds,
+                                                       tuple(args.loadgen_args.split())).items():
                 runs[side][level].append(figures)
                 print(f"round {number} {side:6s} {level:10s} {figures['tokens_per_s']:9,.0f} tokens/s  "
                       f"{figures['cpu_us_per_token']:6,.0f} µs CPU/token  TTFT p50/p90 {figures['ttft_p50_ms']} / "

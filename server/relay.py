@@ -53,7 +53,10 @@ class EventRelay:
     def _wake(self) -> None:
         self.wakeups += 1
         try:
-            self.loop.call_soon_threadsafe(self._drain)
+            if asyncio._get_running_loop() is self.loop:  # posted on the loop itself (the engine core's link)
+                self.loop.call_soon(self._drain)  # no self-pipe write, no extra turn of the selector
+            else:
+                self.loop.call_soon_threadsafe(self._drain)
         except RuntimeError:  # the loop is closed (shutdown): nobody is left to deliver to
             with self._lock:
                 self._items.clear()

@@ -57,6 +57,9 @@ class CoreLink:
         self.holding = False  # the core was told Hold and not yet Resume
         self.channel: Optional[FrameProtocol] = None  # the connection to the core, once made
         self.jobs: dict[int, Job | EmbedJob] = {}  # in the core, until their terminal event
+        # Tallies of `jobs` kept as they change: the replicas read them for every call (replicas.py pick).
+        self.source_tokens = 0
+        self.background_jobs = 0
         self.waiting: dict[int, asyncio.Future] = {}  # submit / metrics tickets awaiting an answer
         self.submitting: dict[int, list] = {}  # ticket -> its jobs, until Accepted or Refused
         self._tickets = itertools.count(1)
@@ -108,8 +111,9 @@ class CoreLink:
         self._close_socket()
         for pending in self.submitting.values():  # their submit() raises `error`: no event for them too
             for job in pending:
-                self.jobs.pop(job.id, None)
+                self._release(job.id)
         jobs, self.jobs = list(self.jobs.values()), {}
+        self.source_tokens = self.background_jobs = 0
         for job in jobs:
             job.answered = True
             job.sink(job.failure(error))
@@ -135,7 +139,7 @@ class CoreLink:
         # Registered before the answer: the core's first Events for them may be read before this
         # coroutine resumes after Accepted.
         for job in jobs:
-            self.jobs[job.id] = job
+            self._track(job)
             job.on_cancel = self._cancel
         self.submitting[ticket] = jobs
         try:
@@ -143,10 +147,22 @@ class CoreLink:
             await future
         except BaseException:
             for job in jobs:
-                self.jobs.pop(job.id, None)
+                self._release(job.id)
             raise
         finally:
             self.submitting.pop(ticket, None)
+
+    def _track(self, job: Job | EmbedJob) -> None:
+        self.jobs[job.id] = job
+        self.source_tokens += len(job.src_ids)
+        self.background_jobs += job.background
+
+    def _release(self, job_id: int) -> Optional[Job | EmbedJob]:
+        job = self.jobs.pop(job_id, None)
+        if job is not None:
+            self.source_tokens -= len(job.src_ids)
+            self.background_jobs -= job.background
+        return job
 
     @staticmethod
     def _spec(job: Job | EmbedJob) -> wire.JobSpec:
@@ -234,7 +250,7 @@ class CoreLink:
                 if job is not None:
                     job.sink(TokenEvent(item.token_ids))
                 continue
-            job = jobs.pop(item.id, None)
+            job = self._release(item.id)
             if job is None:  # failed here already (core lost) or unknown
                 continue
             job.answered = True

@@ -172,16 +172,15 @@ class Replicas:
         if not live:
             return None
         if background:  # from the back (ties: the last), where interactive calls, packed from the front, are not
-            return min(reversed(live), key=lambda link: (sum(not job.background for job in link.jobs.values()),
-                                                         sum(len(job.src_ids) for job in link.jobs.values())))
+            return min(reversed(live), key=lambda link: (len(link.jobs) - link.background_jobs, link.source_tokens))
         if len(live) > 1:
-            live.sort(key=lambda link: any(job.background for job in link.jobs.values()))  # stable
+            live.sort(key=lambda link: link.background_jobs > 0)  # stable
         for link in live:
             if len(link.jobs) + rows <= self.pack_rows:
                 return link
         start = next(self._turn) % len(live)
         rotated = live[start:] + live[:start]
-        return min(rotated, key=lambda link: sum(len(job.src_ids) for job in link.jobs.values()))
+        return min(rotated, key=lambda link: link.source_tokens)
 
     async def submit(self, model: str, jobs: list) -> None:
         """Queue a request's jobs in one replica, all or none. A replica lost between the choice and its

@@ -218,6 +218,10 @@ def configure(fmt: str = "auto", level: str = "info", stream: Optional[TextIO] =
     except ImportError as e:  # an environment installed before the serve extra had it
         output.setFormatter(TextFormatter())
         missing = e.name
+    # No formatter here reads a record's source line, thread or process: skip looking them up for every
+    # record (logging's documented optimisations; findCaller walks the stack, on the event loop, once a call).
+    logging._srcfile = None
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     handoff = _Handoff(queue.Queue(QUEUE_RECORDS))
     handoff.addFilter(CallContext())
     logging.getLogger(GRPC_CORE_LOGGER).addFilter(_CLIENT_GONE)  # one instance: configure may run twice

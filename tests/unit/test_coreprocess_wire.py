@@ -333,3 +333,22 @@ def test_int8_weights_setting_is_checked():
     from server.config import ServerConfig
     assert not ServerConfig(variant="int8", int8_weights="7").problems()
     assert any("--int8-weights must be auto, 7 or 8" in p for p in ServerConfig(int8_weights="eight").problems())
+
+
+def test_a_links_tallies_follow_its_jobs():
+    """The replicas choose by each link's outstanding source tokens and background jobs for every call
+    (replicas.py pick): the tallies follow the jobs in, out, twice out, and all out when the core is lost."""
+    from server.coreprocess.link import CoreLink
+    from server.core.request import Job
+    failed = []
+    link = CoreLink("/nonexistent/core.sock")
+    a = Job("m", [1, 2, 3], DecodingParams(), 8, failed.append, None)
+    b = Job("m", [4], DecodingParams(), 8, failed.append, None, background=True)
+    c = Job("m", [5, 6], DecodingParams(), 8, failed.append, None)
+    for job in (a, b, c):
+        link._track(job)
+    assert (link.source_tokens, link.background_jobs) == (6, 1)
+    assert link._release(b.id) is b and (link.source_tokens, link.background_jobs) == (5, 0)
+    assert link._release(b.id) is None and link.source_tokens == 5  # released once, counted once
+    assert link.lost(Unavailable("gone")) == 2 and len(failed) == 2
+    assert (link.source_tokens, link.background_jobs, link.jobs) == (0, 0, {})

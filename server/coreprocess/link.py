@@ -71,7 +71,7 @@ class CoreLink:
     async def connect(self) -> wire.Ready:
         """(Re)connect to the core at `address` and wait for its Ready. The core listens once its models are
         warm (a restarted one at the same path): until then the connection is refused, and tried again."""
-        self._close_socket()
+        self._close_channel()
         self._loop, self._loop_thread = asyncio.get_running_loop(), threading.get_ident()
         self.outflow = outflow_for(self._loop)
         self.holding = False  # a new core (or connection) starts sending at once
@@ -90,16 +90,18 @@ class CoreLink:
         return ready
 
     def _on_lost(self, exc: Optional[Exception]) -> None:
-        """The connection ended. The supervisor learns why from the core's exit and fails what was in it;
-        until then nothing more can be sent."""
+        """The connection ended: the core is exiting (its data came first, so every Events it wrote has been
+        delivered). Nothing more can be sent, and the replicas choose another one from now on; the
+        supervisor fails what was in it once the process has gone (`lost`)."""
         self.channel = None
+        self.up = False
 
     def _send(self, msg) -> None:
         if self.channel is None:
             raise Unavailable("the engine core is restarting; retry")
         self.channel.send(wire.encode(msg))
 
-    def _close_socket(self) -> None:
+    def _close_channel(self) -> None:
         channel, self.channel = self.channel, None
         if channel is not None and channel.transport is not None:
             channel.on_message = channel.on_lost = _ignore  # a closed connection's last frames go nowhere
@@ -108,7 +110,7 @@ class CoreLink:
     def lost(self, error: Exception) -> int:
         """The core is gone: fail every job and ticket in flight with `error`; returns the jobs failed."""
         self.up = False
-        self._close_socket()
+        self._close_channel()
         for pending in self.submitting.values():  # their submit() raises `error`: no event for them too
             for job in pending:
                 self._release(job.id)
@@ -126,7 +128,7 @@ class CoreLink:
         return len(jobs)
 
     def close(self) -> None:
-        self._close_socket()
+        self._close_channel()
 
     # -- requests --------------------------------------------------------------------------
     async def submit(self, model: str, jobs: list[Job | EmbedJob]) -> None:

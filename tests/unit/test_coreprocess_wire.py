@@ -352,3 +352,15 @@ def test_a_links_tallies_follow_its_jobs():
     assert link._release(b.id) is None and link.source_tokens == 5  # released once, counted once
     assert link.lost(Unavailable("gone")) == 2 and len(failed) == 2
     assert (link.source_tokens, link.background_jobs, link.jobs) == (0, 0, {})
+
+
+def test_a_link_whose_connection_ends_takes_no_more_work():
+    """The core's end of the connection closed (it is exiting): the link is down at once, so the replicas
+    choose another one, and a send says UNAVAILABLE (retryable) instead of writing into a closed socket."""
+    from server.coreprocess.link import CoreLink
+    link = CoreLink("/nonexistent/core.sock")
+    link.up, link.channel = True, object()
+    link._on_lost(None)
+    assert not link.up and link.channel is None
+    with pytest.raises(Unavailable):
+        link._send(wire.Cancel([1]))

@@ -54,8 +54,7 @@ def serve_levels(root: Path, flags: list[str], levels: list[str], seconds: float
                 before = cpu_seconds(server.pid)
                 loadgen(server.target, level, seconds, Path(f.name), extra)
                 cpu = cpu_seconds(server.pid) - before
-                run = json.loads(Path(f.name).read_text())
-            figures = run["levels"][0] if "levels" in run else run
+                figures = json.loads(Path(f.name).read_text())["levels"][0]
             tokens = figures["output_tokens"]
             results[level] = {"tokens_per_s": figures["tokens_per_s"], "errors": figures["errors"],
                               "cpu_us_per_token": 1e6 * cpu / max(tokens, 1),

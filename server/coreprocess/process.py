@@ -32,7 +32,7 @@ import selectors
 import signal
 import threading
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 from prometheus_client import generate_latest
@@ -74,8 +74,8 @@ def to_wire(job_id: int, event) -> wire.Event:
 class Outbox:
     """One frontend's events from one model's engine thread, collected during a step and sent at its end."""
 
-    def __init__(self, peer: Peer, wake_fd: int) -> None:
-        self.peer, self._wake_fd = peer, wake_fd
+    def __init__(self, peer: Peer, wake_main: Callable[[], None]) -> None:
+        self.peer, self._wake_main = peer, wake_main  # wake_main: Core._wake, as the peer's
         self.lock = threading.Lock()
         self.items: list[wire.Event] = []
         self.tokens_at: dict[int, int] = {}  # job id -> index of its pending Tokens item (merged into)
@@ -109,7 +109,7 @@ class Outbox:
         # main thread does.
         if not relay.defer_wake(self):
             self.main_due = True
-            os.write(self._wake_fd, b"x")
+            self._wake_main()
 
     def _wake(self) -> None:
         """The engine step's end (relay.flush, on the engine thread): send what the step collected."""
@@ -158,7 +158,7 @@ class Core:
     def _outbox(self, peer: Peer, model: str) -> Outbox:
         box = self.outboxes.get((peer, model))
         if box is None:
-            box = self.outboxes[(peer, model)] = Outbox(peer, self._wake_w)
+            box = self.outboxes[(peer, model)] = Outbox(peer, self._wake)
         return box
 
     def _boxes(self, peer: Peer) -> list[Outbox]:

@@ -36,31 +36,32 @@ class Metrics:
                                 ["rpc", "code"], registry=r)
         self.request_latency = Histogram("nmt_request_duration_seconds", "End-to-end RPC latency.",
                                          ["rpc"], buckets=LATENCY_BUCKETS, registry=r)
-        self.queue_time = Histogram("nmt_queue_duration_seconds", "Time from arrival to the encoder pass.",
-                                    ["model"], buckets=LATENCY_BUCKETS, registry=e)
-        self.ttft = Histogram("nmt_time_to_first_token_seconds", "Time from arrival to the first generated token.",
-                              ["model"], buckets=LATENCY_BUCKETS, registry=e)
+        # The series the engine thread observes (per job, per step, per pass) are BatchHistograms: an append each.
+        self.queue_time = BatchHistogram("nmt_queue_duration_seconds", "Time from arrival to the encoder pass.",
+                                         "model", LATENCY_BUCKETS, registry=e)
+        self.ttft = BatchHistogram("nmt_time_to_first_token_seconds", "Time from arrival to the first generated "
+                                   "token.", "model", LATENCY_BUCKETS, registry=e)
         self.inter_token = BatchHistogram("nmt_inter_token_seconds", "Time between consecutive tokens of a sequence.",
                                           "model", STEP_BUCKETS, registry=e)
-        self.e2e = Histogram("nmt_sequence_duration_seconds", "Time from arrival to the last token of a text.",
-                             ["model"], buckets=LATENCY_BUCKETS, registry=e)
+        self.e2e = BatchHistogram("nmt_sequence_duration_seconds", "Time from arrival to the last token of a text.",
+                                  "model", LATENCY_BUCKETS, registry=e)
         self.input_tokens = Counter("nmt_input_tokens_total", "Source tokens accepted.", ["model"], registry=e)
         self.output_tokens = Counter("nmt_output_tokens_total", "Target tokens generated.", ["model"], registry=e)
-        self.output_length = Histogram("nmt_output_length_tokens", "Generated tokens per text.", ["model"],
-                                       buckets=TOKEN_BUCKETS, registry=e)
+        self.output_length = BatchHistogram("nmt_output_length_tokens", "Generated tokens per text.", "model",
+                                            TOKEN_BUCKETS, registry=e)
         self.running = Gauge("nmt_running_requests", "Texts being decoded.", ["model"], registry=e)
         self.waiting = Gauge("nmt_waiting_requests", "Texts waiting for a slot.", ["model"], registry=e)
         self.kv_usage = Gauge("nmt_kv_cache_usage_ratio", "Fraction of KV cache slots in use.", ["model"], registry=e)
-        self.decode_batch = Histogram("nmt_decode_batch_size", "Rows in a decode step.", ["model"],
-                                      buckets=BATCH_BUCKETS, registry=e)
-        self.encode_batch = Histogram("nmt_encode_batch_size", "Texts in an encoder pass.", ["model"],
-                                      buckets=BATCH_BUCKETS, registry=e)
-        self.padding = Histogram("nmt_encode_padding_ratio", "Padding share of an encoder batch.", ["model"],
-                                 buckets=RATIO_BUCKETS, registry=e)
-        self.encode_time = Histogram("nmt_encode_duration_seconds", "Encoder pass duration.", ["model"],
-                                     buckets=STEP_BUCKETS, registry=e)
-        self.step_time = Histogram("nmt_decode_step_duration_seconds", "Decoder step duration (all rows).",
-                                   ["model"], buckets=STEP_BUCKETS, registry=e)
+        self.decode_batch = BatchHistogram("nmt_decode_batch_size", "Rows in a decode step.", "model",
+                                           BATCH_BUCKETS, registry=e)
+        self.encode_batch = BatchHistogram("nmt_encode_batch_size", "Texts in an encoder pass.", "model",
+                                           BATCH_BUCKETS, registry=e)
+        self.padding = BatchHistogram("nmt_encode_padding_ratio", "Padding share of an encoder batch.", "model",
+                                      RATIO_BUCKETS, registry=e)
+        self.encode_time = BatchHistogram("nmt_encode_duration_seconds", "Encoder pass duration.", "model",
+                                          STEP_BUCKETS, registry=e)
+        self.step_time = BatchHistogram("nmt_decode_step_duration_seconds", "Decoder step duration (all rows).",
+                                        "model", STEP_BUCKETS, registry=e)
         self.guarded_rows = Counter("nmt_runaway_stopped_total",
                                     "Decodes stopped by the runaway guard (looping or outgrowing the source).",
                                     ["model"], registry=e)
@@ -223,12 +224,16 @@ class _CoreSeries:
 
 
 class BatchHistogram:
-    """A Prometheus histogram that takes a whole decode step's observations in one call.
+    """A Prometheus histogram for the engine thread: an observation is a list append, counted into the
+    buckets in one numpy pass when read (a scrape) or when FOLD_AT have piled up.
 
-    The inter-token gap is one observation per decoded row per step: prometheus_client's
-    Histogram.observe, called for each of 64 rows, was a tenth of the engine's Python per step
-    (python -m benchmarks.engine_overhead). Here a step's gaps are counted into the buckets with
-    one numpy pass; the exposition is the same histogram (_bucket, _count, _sum)."""
+    prometheus_client's Histogram.observe walks its buckets in Python under a lock: the inter-token gap,
+    one observation per decoded row per step, was a tenth of the engine's Python per step, and with the
+    step's own time and rows, the gauges and the encoder's three, the metrics were ~14% of it at one row
+    (python -m benchmarks.engine_overhead, 2026-11-28). The exposition is the same histogram (_bucket,
+    _count, _sum)."""
+
+    FOLD_AT = 4096  # observations held before the engine thread counts them itself (nobody scraping)
 
     def __init__(self, name: str, documentation: str, label: str, buckets: tuple, registry: CollectorRegistry):
         self.name, self.documentation, self.label = name, documentation, label
@@ -244,28 +249,47 @@ class BatchHistogram:
     def collect(self):
         family = HistogramMetricFamily(self.name, self.documentation, labels=[self.label])
         with self.lock:
-            for value, child in sorted(self.children.items()):
-                counts = np.cumsum(child.counts).tolist()
-                bounds = [floatToGoString(b) for b in [*self.bounds.tolist(), float("inf")]]
-                family.add_metric([value], list(zip(bounds, counts)), child.total)
+            children = sorted(self.children.items())
+        for value, child in children:
+            counts, total = child.read()
+            bounds = [floatToGoString(b) for b in [*self.bounds.tolist(), float("inf")]]
+            family.add_metric([value], list(zip(bounds, np.cumsum(counts).tolist())), total)
         yield family
 
 
 class _BatchHistogramChild:
     def __init__(self, parent: BatchHistogram):
         self.parent = parent
+        self.lock = threading.Lock()  # held for an append or a fold: an observation is never lost
+        self.pending: list[float] = []
         self.counts = np.zeros(len(parent.bounds) + 1, dtype=np.int64)  # per bucket, the last is +Inf
         self.total = 0.0
 
     def observe(self, value: float) -> None:
-        self.observe_many([value])
+        with self.lock:
+            self.pending.append(value)
+            if len(self.pending) >= BatchHistogram.FOLD_AT:
+                self._fold()
 
     def observe_many(self, values) -> None:
         if not len(values):
             return
-        v = np.asarray(values, dtype=np.float64)
-        at = np.searchsorted(self.parent.bounds, v, side="left")  # le-bound buckets, as Prometheus counts
-        with self.parent.lock:
+        with self.lock:
+            self.pending.extend(values)
+            if len(self.pending) >= BatchHistogram.FOLD_AT:
+                self._fold()
+
+    def read(self) -> tuple[np.ndarray, float]:
+        """(count per bucket, sum) of every observation so far."""
+        with self.lock:
+            self._fold()
+            return self.counts.copy(), self.total
+
+    def _fold(self) -> None:
+        if self.pending:
+            v = np.asarray(self.pending, dtype=np.float64)
+            self.pending = []
+            at = np.searchsorted(self.parent.bounds, v, side="left")  # le-bound buckets, as Prometheus counts
             self.counts += np.bincount(at, minlength=len(self.counts))
             self.total += float(v.sum())
 

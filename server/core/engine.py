@@ -141,10 +141,17 @@ class Engine:
             means.append((memory * weights).sum(1) / np.maximum(weights.sum(1), 1.0))
         return np.concatenate(means) if len(means) > 1 else means[0]
 
-    def decode_step(self, controls: RowControls) -> Choices:
-        """One step for every running row -> each row's choice; the rows' caches grow by one. Logits left on
-        a device are chosen there when every row is plain greedy (server/core/choose_device.py)."""
+    def decode_step(self, controls: Optional[RowControls]) -> Choices:
+        """One step for every running row -> each row's choice; the rows' caches grow by one. `controls` None:
+        every row plain greedy (Scheduler.controls), chosen by the chooser's fast lane on the host. Logits
+        left on a device are chosen there when every row is plain greedy (server/core/choose_device.py)."""
         logits = self._step()
+        if controls is None:
+            if isinstance(logits, np.ndarray):
+                chosen = self.chooser.greedy(logits)
+                if chosen is not None:
+                    return chosen
+            controls = RowControls.greedy(len(logits))
         if not isinstance(logits, np.ndarray) and plain_greedy(controls, self.chooser.suppress):
             chosen = choose_where_they_are(logits, controls)
             if chosen is not None:

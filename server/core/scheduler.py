@@ -105,6 +105,7 @@ class Scheduler:
         self._controls: Optional[RowControls] = None  # this step's (update() reads the boosted tokens)
         self._boosted: Optional[tuple] = None
         self._swept = -float("inf")  # when schedule() last looked at the whole queue
+        self._shown = (-1, -1)  # (running requests, used slots) the gauges last showed (_show_occupancy)
 
     # -- service side (any thread) ----------------------------------------------
     def submit(self, jobs: list[Job | EmbedJob]) -> None:
@@ -157,6 +158,7 @@ class Scheduler:
         free = self.cache.free
         tokens = 0
         with self.lock:
+            queued = len(self.waiting)
             kept: collections.deque = collections.deque()
             if self.background and self._unsorted:  # interactive jobs first; each kind in arrival order
                 self.waiting = collections.deque(sorted(self.waiting, key=lambda j: j.background))
@@ -191,7 +193,8 @@ class Scheduler:
             self.waiting = kept
             if sweep or not kept:
                 self.background = self.background and any(j.background for j in kept)
-            self.m.waiting.set(len(self.waiting))
+            if len(self.waiting) != queued:  # submit() sets it for what it adds
+                self.m.waiting.set(len(self.waiting))
         return scheduled
 
     def start(self, job: Job, rows: list[Row]) -> None:
@@ -217,11 +220,16 @@ class Scheduler:
                                                    or p.controlled or self.rules.force_eos_at_limit or job.terms)
         self.running.append(state)
         self.m.input_tokens.inc(len(job.src_ids))
-        self.m.running.set(len(self.running))
+        self._show_occupancy()
 
-    def controls(self) -> RowControls:
-        """What the engine must do for each running row this step (server/core/controls.py). No logits here."""
-        self._controls = step_controls(self.running, self.cache.used, self.rules)
+    def controls(self) -> Optional[RowControls]:
+        """What the engine must do for each running row this step (server/core/controls.py). No logits here.
+        None when every running request is plain greedy (`Running.plain`: RowControls.greedy's defaults for
+        each row), the engine's fast lane (TokenChooser.greedy)."""
+        if all(state.plain for state in self.running):
+            self._controls = None
+        else:
+            self._controls = step_controls(self.running, self.cache.used, self.rules)
         return self._controls
 
     def update(self, choices: Choices, now: float) -> None:
@@ -253,8 +261,7 @@ class Scheduler:
             state.step += 1
         self.m.inter_token.observe_many(self._gaps)
         self.cache.release(self._to_release)
-        self.m.running.set(len(self.running))
-        self.m.kv_usage.set(self.cache.usage())
+        self._show_occupancy()
 
     # -- internals ------------------------------------------------------------------
     def _row_update(self, state: Running, tokens: list[int], logprobs: list[float], now: float) -> None:
@@ -461,8 +468,16 @@ class Scheduler:
                 self.running.remove(state)
                 self._fail(job, Cancelled("cancelled by the client") if job.cancelled
                            else DeadlineExceeded(f"deadline exceeded after {state.step} decode steps"))
-        self.m.running.set(len(self.running))
-        self.m.kv_usage.set(self.cache.usage())
+        self._show_occupancy()
+
+    def _show_occupancy(self) -> None:
+        """The running-requests and KV-usage gauges, set only when they changed: a gauge's set takes a lock,
+        and every step setting both was a few per cent of the engine's Python at one row."""
+        shown = (len(self.running), self.cache.used)
+        if shown != self._shown:
+            self._shown = shown
+            self.m.running.set(shown[0])
+            self.m.kv_usage.set(self.cache.usage())
 
     def fail_everything(self, error: Exception) -> int:
         """From any thread, when the engine loop is dead or stuck: close the queue and fail every
@@ -495,5 +510,4 @@ class Scheduler:
             self.cache.release([r for r in state.rows if r.slot >= 0])
             self.running.remove(state)
             self._fail(state.job, error)
-        self.m.running.set(0)
-        self.m.kv_usage.set(self.cache.usage())
+        self._show_occupancy()

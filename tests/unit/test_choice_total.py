@@ -141,6 +141,30 @@ def test_a_row_chooses_the_same_alone_as_in_any_batch(drawn):
             assert np.array_equal(alone.beam_logp[0, :w], together.beam_logp[i, :w])
 
 
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(rows(), min_size=1, max_size=10), st.sampled_from([(), SUPPRESS, (0, 5, 9)]))
+def test_the_plain_greedy_fast_lane_chooses_what_choose_does_or_hands_the_step_back(drawn, suppress):
+    """TokenChooser.greedy (every row plain greedy: the engine's common step) gives exactly `choose`'s
+    choices over the same scores with RowControls.greedy, or None: exactly when some row's raw best is not
+    finite (NaN, +inf, no finite score) or is suppressed; it never changes the logits."""
+    logits = np.stack([r[0] for r in drawn])
+    if drawn[0][1]["scored"]:  # the lane's own case: a suppressed token on top of a row
+        logits[0, suppress[-1] if suppress else 0] = 31.0
+    chooser = TokenChooser(suppress, eos_id=EOS)
+    before = logits.copy()
+    fast = chooser.greedy(logits)
+    assert np.array_equal(logits, before, equal_nan=True)
+    best = before.argmax(axis=-1)
+    top = before[np.arange(len(best)), best]
+    handed_back = not np.isfinite(top).all() or bool(set(best.tolist()) & set(suppress))
+    assert (fast is None) == handed_back
+    if fast is not None:
+        full = chooser.choose(before.copy(), RowControls.greedy(len(before)))
+        assert fast.token.dtype == full.token.dtype and np.array_equal(fast.token, full.token)
+        assert np.array_equal(fast.logprob, full.logprob) and full.failed is None
+        assert fast.beam_ids.shape == full.beam_ids.shape and fast.beam_logp.shape == full.beam_logp.shape
+
+
 def test_the_smallest_temperatures_sample_the_best_token():
     """T -> 0 is greedy: 1e-45 (the soak's case), the smallest float64 and float32's edges."""
     logits = np.random.default_rng(0).standard_normal((6, V)).astype(np.float32)

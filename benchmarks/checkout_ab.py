@@ -3,7 +3,7 @@
     git worktree add ../before HEAD~1
     python -m benchmarks.checkout_ab --before ../before [--after .] [--rounds 4] [--seconds 12]
         [--levels stream:1,stream:8,stream:64,unary:4] [--flags "--engine-replicas 1"]
-        [--loadgen-args "--max-output-tokens 1"] [--out FILE.json]
+        [--before-flags ...] [--after-flags ...] [--loadgen-args "--max-output-tokens 1"] [--out FILE.json]
 
 The question every performance change has to answer on a noisy shared machine: is it faster than the
 commit before, by more than the machine moves between runs? Each round starts each checkout's server
@@ -12,7 +12,8 @@ level with `python -m client.loadgen` for --seconds (stream:N = N concurrent str
 clients sending 32-text Translate calls) and reads the server's CPU time from /proc over the level
 (every process of it: frontend and engine replicas). The order alternates by round (ABBA for even
 --rounds), so neither side always runs first on a machine that drifts. Prints one line per level and
-round, then each level's per-round figures and medians, side by side.
+round, then each level's per-round figures and medians, side by side. One checkout on both sides with
+--before-flags / --after-flags compares a setting instead of a change.
 """
 from __future__ import annotations
 
@@ -73,6 +74,9 @@ def main() -> int:
     p.add_argument("--levels", default="stream:1,stream:8,stream:64,unary:4",
                    help="comma-separated stream:N (N streams) and unary:N (N clients of 32-text calls)")
     p.add_argument("--flags", default="", help="server flags for both sides (default: none, the defaults)")
+    p.add_argument("--before-flags", default="", help="more server flags for the before side only")
+    p.add_argument("--after-flags", default="", help="more server flags for the after side only (a flag's A/B: "
+                   "--before . --after-flags \"--max-batch-size 32\")")
     p.add_argument("--loadgen-args", default="", help='more client.loadgen flags for every level, e.g. '
                    '"--max-output-tokens 1" (every call one token: the figures become costs per call)')
     p.add_argument("--out", type=Path, help="write every round's figures here as JSON")
@@ -83,8 +87,9 @@ def main() -> int:
     print(date_line(), machine_line(), sep="\n", flush=True)
     for number, order in enumerate(rotations(list(sides), args.rounds), 1):
         for side in order:
-            for level, figures in serve_levels(sides[side], args.flags.split(), levels, args.seconds,
-                                                       tuple(args.loadgen_args.split())).items():
+            flags = args.flags.split() + (args.before_flags if side == "before" else args.after_flags).split()
+            for level, figures in serve_levels(sides[side], flags, levels, args.seconds,
+                                               tuple(args.loadgen_args.split())).items():
                 runs[side][level].append(figures)
                 print(f"round {number} {side:6s} {level:10s} {figures['tokens_per_s']:9,.0f} tokens/s  "
                       f"{figures['cpu_us_per_token']:6,.0f} µs CPU/token  TTFT p50/p90 {figures['ttft_p50_ms']} / "

@@ -20,28 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
-from benchmarks.harness import ServerProcess, cpu_seconds, date_line, machine_line, rotations
+from benchmarks.harness import ServerProcess, closed_loop, cpu_seconds, date_line, machine_line, rotations
 
 ROOT = Path(__file__).resolve().parents[1]
-SRC = ROOT.parent / "shared" / "data" / "multi30k" / "test_2016_flickr.en"
 WARM_S = 3
-
-
-def loadgen(target: str, level: str, seconds: float, out: Path | None = None, extra: tuple[str, ...] = ()) -> None:
-    rpc, count = level.split(":")
-    cmd = [sys.executable, "-m", "client.loadgen", "--target", target, "--src-file", str(SRC), "--rpc", rpc,
-           "--concurrency", count, "--duration", str(seconds), "--warmup", "0", "--quiet"]
-    if rpc == "unary":
-        cmd += ["--texts-per-call", "32"]
-    if out is not None:
-        cmd += ["--json", str(out)]
-    cmd += list(extra)
-    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)  # the figures come from the JSON
 
 
 def serve_levels(root: Path, flags: list[str], levels: list[str], seconds: float,
@@ -49,13 +33,11 @@ def serve_levels(root: Path, flags: list[str], levels: list[str], seconds: float
     """Start the server of checkout `root`, warm it, serve every level; {level: figures}."""
     results = {}
     with ServerProcess(*flags, metrics=False, root=root) as server:
-        loadgen(server.target, "stream:8", WARM_S)
+        closed_loop(server.target, "stream:8", WARM_S)
         for level in levels:
-            with tempfile.NamedTemporaryFile(suffix=".json") as f:
-                before = cpu_seconds(server.pid)
-                loadgen(server.target, level, seconds, Path(f.name), extra)
-                cpu = cpu_seconds(server.pid) - before
-                figures = json.loads(Path(f.name).read_text())["levels"][0]
+            before = cpu_seconds(server.pid)
+            figures = closed_loop(server.target, level, seconds, extra)
+            cpu = cpu_seconds(server.pid) - before
             tokens = figures["output_tokens"]
             results[level] = {"tokens_per_s": figures["tokens_per_s"], "errors": figures["errors"],
                               "cpu_us_per_token": 1e6 * cpu / max(tokens, 1),

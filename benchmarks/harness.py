@@ -24,6 +24,7 @@ failed to start showed up as a timeout with its output thrown away. Here:
 """
 from __future__ import annotations
 
+import json
 import os
 import platform
 import signal
@@ -270,6 +271,25 @@ async def wait_serving(client, tries: int = 600) -> None:
         except Exception:  # noqa: BLE001 (not up yet)
             pass
         await asyncio.sleep(0.2)  # not up, or up but still warming up (NOT_SERVING)
+
+
+TEST_SOURCES = ROOT.parent / "shared" / "data" / "multi30k" / "test_2016_flickr.en"
+
+
+def closed_loop(target: str, level: str, seconds: float, extra: Sequence[str] = ()) -> dict:
+    """Serve one closed-loop level with `python -m client.loadgen` (its own process, as a caller would run
+    it): "stream:N" = N concurrent TranslateStream clients, "unary:N" = N clients of 32-text Translate calls,
+    over test_2016_flickr.en for `seconds`; `extra`: more loadgen flags (a later one wins). Returns the
+    loadgen's figures for the level (its --json `levels[0]`: tokens_per_s, output_tokens, ttft_ms, ...)."""
+    rpc, count = level.split(":")
+    cmd = [sys.executable, "-m", "client.loadgen", "--target", target, "--src-file", str(TEST_SOURCES),
+           "--rpc", rpc, "--concurrency", count, "--duration", str(seconds), "--warmup", "0", "--quiet"]
+    if rpc == "unary":
+        cmd += ["--texts-per-call", "32"]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "level.json"
+        subprocess.run([*cmd, "--json", str(out), *extra], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+        return json.loads(out.read_text())["levels"][0]
 
 
 def rotations(names: Sequence[str], rounds: int) -> list[list[str]]:

@@ -20,20 +20,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from benchmarks.harness import descendants, machine, rotations, wait_serving
+from benchmarks.harness import closed_loop, descendants, machine, rotations, wait_serving
 from benchmarks.serving_compare import prepare, start
 
 ROOT = Path(__file__).resolve().parents[2]
-SRC = ROOT.parent / "shared" / "data" / "multi30k" / "test_2016_flickr.en"
 
 
 def threads(pid: int) -> dict[tuple[int, int], tuple[str, float, int]]:
@@ -62,15 +59,10 @@ def threads(pid: int) -> dict[tuple[int, int], tuple[str, float, int]]:
     return out
 
 
-def loadgen(target: str, args, seconds: float, json_path: str = "") -> dict:
-    cmd = [sys.executable, "-m", "client.loadgen", "--target", target, "--src-file", str(SRC), "--rpc", "stream",
-           "--concurrency", str(args.streams), "--duration", str(seconds), "--model", "multi30k-en-de-small"]
-    if args.max_output_tokens:
-        cmd += ["--max-output-tokens", str(args.max_output_tokens)]
-    if json_path:
-        cmd += ["--json", json_path]
-    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return json.loads(Path(json_path).read_text())["levels"][0] if json_path else {}
+def loadgen_flags(args) -> list[str]:
+    """The study's model (named: neither server identifies languages) and its output budget."""
+    return ["--model", "multi30k-en-de-small"] + (["--max-output-tokens", str(args.max_output_tokens)]
+                                                   if args.max_output_tokens else [])
 
 
 async def _serving(target: str) -> None:
@@ -84,14 +76,14 @@ def measure(kind: str, paths: dict, args) -> str:
         ours_flags="", before_flags="", max_batch_size=64))
     try:
         asyncio.run(_serving(target))
-        loadgen(target, args, 3)  # warm-up
+        level = f"stream:{args.streams}"
+        closed_loop(target, level, 3, loadgen_flags(args))  # warm-up
         before = threads(pid)
-        with tempfile.NamedTemporaryFile(suffix=".json") as f:
-            level = loadgen(target, args, args.seconds, f.name)
+        figures = closed_loop(target, level, args.seconds, loadgen_flags(args))
         after = threads(pid)
     finally:
         stop()
-    tokens, calls = level["output_tokens"], level["requests"]
+    tokens, calls = figures["output_tokens"], figures["requests"]
     rows, total_cpu, total_sw = [], 0.0, 0
     by_process = collections.defaultdict(list)
     for key, (role, cpu, sw) in after.items():
@@ -102,7 +94,7 @@ def measure(kind: str, paths: dict, args) -> str:
             total_cpu, total_sw = total_cpu + cpu, total_sw + sw
             if cpu >= 0.005 * args.seconds:
                 rows.append(f"| {role} | {1e6 * cpu / tokens:.1f} | {1e6 * cpu / calls:.0f} | {sw / calls:.2f} |")
-    head = (f"\n{kind}: {level['output_tokens_per_s']:.0f} tokens/s, {calls / level['duration_s']:.0f} calls/s, "
+    head = (f"\n{kind}: {figures['output_tokens_per_s']:.0f} tokens/s, {calls / figures['duration_s']:.0f} calls/s, "
             f"{tokens / calls:.1f} tokens per call; server CPU {1e6 * total_cpu / tokens:.1f} µs per token, "
             f"{1e6 * total_cpu / calls:.0f} µs per call, {total_sw / calls:.2f} voluntary switches per call\n\n"
             "| process | thread | µs per token | µs per call | switches per call |\n|---|---|---|---|---|")

@@ -93,14 +93,15 @@ def measure(bundle_path: Path, rows: int, steps: int, mode: str, threads: int, f
     # What a step hands back to the host: with the in-place decoder the caches stay bound where they are,
     # so it is the logits, (rows, vocabulary) float32 (issue 21's target: <= 16 bytes per row).
     fetched = [0, 0]  # bytes, rows
-    step_logits = engine.step_logits
+    step = engine._step  # every decode step's logits, where the step left them (the engine's choice reads them)
 
-    def counted_step_logits():
-        logits = step_logits()
-        fetched[0] += logits.nbytes
+    def counted_step():
+        logits = step()
+        if isinstance(logits, np.ndarray):  # on the host: the bytes the step handed back (a device's stay there)
+            fetched[0] += logits.nbytes
         fetched[1] += logits.shape[0]
         return logits
-    engine.step_logits = counted_step_logits
+    engine._step = counted_step
     # --forced-length: every request decodes exactly N tokens (EOS banned before), so two modes whose
     # outputs differ still do the same ONNX Runtime work and their ratio is the cost of the mode alone.
     length = dict(max_output_tokens=forced_length, min_output_tokens=forced_length) if forced_length else \

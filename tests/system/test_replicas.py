@@ -197,9 +197,10 @@ def test_background_work_and_interactive_calls_take_different_replicas(start_ser
 def test_background_work_runs_in_a_lowest_priority_replica_started_on_demand(start_server, monkeypatch):
     """The background replica (--background-replica): started by the first PRIORITY_BACKGROUND call, at
     nice 19 in every thread, serving only background work (same results), its series labelled
-    replica="background", and stopped once idle; interactive calls never go there."""
+    replica="background", and stopped once idle; interactive calls never go there. The idle limit stays at
+    its default (60 s) while the test looks at the running replica, and is cut only to see it stop: a short
+    limit throughout stopped the replica under the assertions on a loaded machine (seen in a fresh-clone run)."""
     from server.coreprocess import replicas
-    monkeypatch.setattr(replicas, "BACKGROUND_IDLE_S", 1.2)
     srv = start_server(engine_core="process", engine_replicas=1, runaway_guard=False)
     core = srv.app.core
     texts = flickr_sentences(3)
@@ -216,9 +217,12 @@ def test_background_work_runs_in_a_lowest_priority_replica_started_on_demand(sta
         before = srv.metric("nmt_output_tokens_total", model=MODEL, replica="background")
         client.translate(texts, model=MODEL)  # interactive: the ordinary replica
         assert srv.metric("nmt_output_tokens_total", model=MODEL, replica="background") == before
-        assert wait_for(lambda: core.background is None, timeout=30)  # idle: stopped
+        # Idle: stopped at the retiring loop's next look (it sleeps a sixth of the limit it read: 10 s).
+        monkeypatch.setattr(replicas, "BACKGROUND_IDLE_S", 1.2)
+        assert wait_for(lambda: core.background is None, timeout=60)
         assert wait_for(lambda: not os.path.exists(f"/proc/{background.pid}") or
                         "zombie" in open(f"/proc/{background.pid}/status").read().lower(), timeout=30)
+        monkeypatch.setattr(replicas, "BACKGROUND_IDLE_S", 60.0)  # the new one stays up for the last check
         again = client.translate(texts[:1], model=MODEL, background=True)  # and started again when needed
         assert again.translations[0].hypotheses[0].text == alone.translations[0].hypotheses[0].text
         assert core.background is not None and core.background.pid != background.pid

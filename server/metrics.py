@@ -250,9 +250,9 @@ class BatchHistogram:
         family = HistogramMetricFamily(self.name, self.documentation, labels=[self.label])
         with self.lock:
             children = sorted(self.children.items())
+        bounds = [floatToGoString(b) for b in [*self.bounds.tolist(), float("inf")]]
         for value, child in children:
             counts, total = child.read()
-            bounds = [floatToGoString(b) for b in [*self.bounds.tolist(), float("inf")]]
             family.add_metric([value], list(zip(bounds, np.cumsum(counts).tolist())), total)
         yield family
 

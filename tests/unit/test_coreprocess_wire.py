@@ -152,7 +152,7 @@ def test_the_engine_thread_sends_each_steps_events_on_the_frontends_connection(o
 
 def test_a_post_off_the_engine_thread_is_left_to_the_main_thread(outbox):
     """A job failed while its engine sleeps (posted from another thread) is due for the main thread,
-    which is woken through the pipe; nothing is sent from the posting thread."""
+    which is woken (Core._wake); nothing is sent from the posting thread."""
     outbox.post(wire.Failed(1, "CANCELLED", "gone"))
     assert outbox.main_due and outbox.woken == [1]
     assert outbox.items == [wire.Failed(1, "CANCELLED", "gone")]

@@ -64,7 +64,7 @@ class InPlaceStep:
         self.tokens = np.zeros((n, 1), dtype=np.int64)
         self.total = np.zeros((), dtype=np.int32)
         # The graph's logits have its cache's type (fp16 for the fp16 variant, converted whole), and stay where
-        # the cache is: on a device, greedy rows are chosen there (server/core/choose_device.py).
+        # the cache is: on a device, greedy rows are chosen there (server/core/greedy.py).
         shape, dtype = (n, 1, vocab_size), np.dtype(cache.k.dtype)
         self.logits = lazy_zeros(shape, dtype) if cache.device == "cpu" else \
             device_zeros(shape, dtype, device_of(cache.k)[1])

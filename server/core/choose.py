@@ -189,22 +189,6 @@ class TokenChooser:
             out.failed[invalid] = True
         return out
 
-    def greedy(self, logits: np.ndarray) -> Optional[Choices]:
-        """The fast lane, every row plain greedy (RowControls.greedy): each row's first best token, the
-        same as `choose` gives, or None when a row needs its rules (a NaN, +inf or no finite score: sanitise
-        and the EOS rule; or a best token the model suppresses). One pass over the logits, which it leaves as
-        they are, where `choose` makes several (the measured cost: engine_overhead, docs/serving_speed.md).
-        Why it is the same token: a row whose raw best is finite and not suppressed holds no NaN or +inf, so
-        sanitise leaves it alone, and suppression only lowers other entries, none of them tied with it
-        before it (argmax's first best would have been that one)."""
-        best = logits.argmax(axis=-1)
-        b = len(best)
-        top = logits[np.arange(b), best]
-        if not np.isfinite(top).all() or (self.suppress and np.isin(best, self.suppress).any()):
-            return None
-        return Choices(best.astype(np.int64, copy=False), np.zeros(b, np.float32), np.zeros((b, 0), np.int64),
-                       np.zeros((b, 0), np.float32))
-
     def _choose_each(self, logits: np.ndarray, c: RowControls, history: Optional[np.ndarray],
                      lengths: Optional[np.ndarray]) -> Choices:
         """Every row chosen alone; a row whose own choice raises is failed (its token a placeholder)."""

@@ -20,7 +20,7 @@ from models.core.kv_cache import IDLE_S, Row, SlotCache
 from models.core.runtime import OnnxModel
 from models.core.static_decode import pad_batch
 from server.core.choose import Choices, RowControls, TokenChooser
-from server.core.choose_device import choose_where_they_are, plain_greedy
+from server.core.greedy import choose_greedy, plain
 from server.metrics import Metrics
 from server.core.request import EmbedJob, Job
 
@@ -143,19 +143,16 @@ class Engine:
 
     def decode_step(self, controls: Optional[RowControls]) -> Choices:
         """One step for every running row -> each row's choice; the rows' caches grow by one. `controls` None:
-        every row plain greedy (Scheduler.controls), chosen by the chooser's fast lane on the host. Logits
-        left on a device are chosen there when every row is plain greedy (server/core/choose_device.py)."""
+        every row plain greedy (Scheduler.controls). Those steps, and on a device every plain greedy step,
+        take the greedy lane where the logits are (server/core/greedy.py); anything it hands back, and every
+        other step, the full chooser on the host."""
         logits = self._step()
-        if controls is None:
-            if isinstance(logits, np.ndarray):
-                chosen = self.chooser.greedy(logits)
-                if chosen is not None:
-                    return chosen
-            controls = RowControls.greedy(len(logits))
-        if not isinstance(logits, np.ndarray) and plain_greedy(controls, self.chooser.suppress):
-            chosen = choose_where_they_are(logits, controls)
+        if controls is None or (not isinstance(logits, np.ndarray) and plain(controls)):
+            chosen = choose_greedy(logits, controls, self.chooser.suppress)
             if chosen is not None:
                 return chosen
+            if controls is None:
+                controls = RowControls.greedy(len(logits))
         return self.chooser.choose(host_float32(logits), controls, self.cache.inputs, self.cache.length)
 
     def step_logits(self) -> np.ndarray:

@@ -225,7 +225,7 @@ class Scheduler:
     def controls(self) -> Optional[RowControls]:
         """What the engine must do for each running row this step (server/core/controls.py). No logits here.
         None when every running request is plain greedy (`Running.plain`: RowControls.greedy's defaults for
-        each row), the engine's fast lane (TokenChooser.greedy)."""
+        each row), the engine's greedy lane (server/core/greedy.py)."""
         if all(state.plain for state in self.running):
             self._controls = None
         else:

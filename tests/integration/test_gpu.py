@@ -77,8 +77,8 @@ def test_cuda_fp32_decodes_in_place_with_standard_ops_over_a_device_cache(bundle
 
 def test_the_engine_chooses_greedy_tokens_on_the_device(bundle):
     """Engine.decode_step with the cache and the logits on the device (fp32: the standard-op graph): plain
-    greedy rows are chosen there (server/core/choose_device.py), with the host engine's tokens step by
-    step. (fp16 takes the same choice code; tests/unit/test_choose_device.py checks it on fp16 logits.)"""
+    greedy rows are chosen there (server/core/greedy.py), with the host engine's tokens step by
+    step. (fp16 takes the same choice code; tests/unit/test_greedy.py checks it on fp16 logits.)"""
     from models.core.device_arrays import device_arrays_available
     from models.core.kv_cache import SlotCache
     from server.core.choose import RowControls, TokenChooser

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 from server.core.choose import BEAM, GREEDY, SAMPLE, RowControls, TokenChooser
 from server.core.errors import Internal
+from server.core.greedy import choose_greedy
 from server.core.request import FinishEvent
 from tests.unit.test_engine_core_scripted import EOS, UNK, Bench, ScriptedRuntime, says
 
@@ -144,15 +145,16 @@ def test_a_row_chooses_the_same_alone_as_in_any_batch(drawn):
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(rows(), min_size=1, max_size=10), st.sampled_from([(), SUPPRESS, (0, 5, 9)]))
 def test_the_plain_greedy_fast_lane_chooses_what_choose_does_or_hands_the_step_back(drawn, suppress):
-    """TokenChooser.greedy (every row plain greedy: the engine's common step) gives exactly `choose`'s
-    choices over the same scores with RowControls.greedy, or None: exactly when some row's raw best is not
-    finite (NaN, +inf, no finite score) or is suppressed; it never changes the logits."""
+    """The greedy lane without controls (server/core/greedy.py; every row plain greedy, the engine's common
+    step) gives exactly `choose`'s choices over the same scores with RowControls.greedy, or None: exactly
+    when some row's raw best is not finite (NaN, +inf, no finite score) or is suppressed; it never changes
+    the logits."""
     logits = np.stack([r[0] for r in drawn])
     if drawn[0][1]["scored"]:  # the lane's own case: a suppressed token on top of a row
         logits[0, suppress[-1] if suppress else 0] = 31.0
     chooser = TokenChooser(suppress, eos_id=EOS)
     before = logits.copy()
-    fast = chooser.greedy(logits)
+    fast = choose_greedy(logits, None, suppress)
     assert np.array_equal(logits, before, equal_nan=True)
     best = before.argmax(axis=-1)
     top = before[np.arange(len(best)), best]

@@ -1,8 +1,9 @@
-"""Greedy choice where the logits are (server/core/choose_device.py) chooses exactly as TokenChooser.
+"""The greedy lane where the logits are (server/core/greedy.py) chooses exactly as TokenChooser.
 
 On a device the array module is CuPy; here it is numpy, the same code: the tokens must equal the host
-chooser's and the log-probabilities agree to float32 rounding, and every case the fast path does not
-cover must be handed back (None, or plain_greedy False) rather than chosen by other rules.
+chooser's and the log-probabilities agree to float32 rounding, and every case the lane does not cover
+must be handed back (None, or `plain` False) rather than chosen by other rules. (Without controls, the
+host engine's common step, tests/unit/test_choice_total.py holds it to `choose` over adversarial scores.)
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from server.core.choose import SAMPLE, RowControls, TokenChooser
-from server.core.choose_device import choose_where_they_are, plain_greedy
+from server.core.greedy import choose_greedy, plain
 
 B, V = 48, 300
 
@@ -30,8 +31,8 @@ def test_plain_greedy_rows_choose_as_the_host_chooser(dtype):
     logits[4, :] = -np.inf
     logits[4, 11] = 0.0  # one token left
     c = controls(rng)
-    assert plain_greedy(c, [])
-    got = choose_where_they_are(logits, c)
+    assert plain(c)
+    got = choose_greedy(logits, c, [])
     want = TokenChooser().choose(logits.astype(np.float32), c)
     assert got is not None and got.token[3] == 5 and got.token[4] == 11
     np.testing.assert_array_equal(got.token, want.token)
@@ -47,14 +48,12 @@ def test_a_row_the_host_rules_decide_is_handed_back(bad):
         logits[7, :] = -np.inf  # the chooser's rule: EOS
     else:
         logits[7, 3] = bad  # the chooser's rule: the row fails alone
-    assert choose_where_they_are(logits, controls(rng)) is None
+    assert choose_greedy(logits, controls(rng), []) is None
 
 
-@pytest.mark.parametrize("change", ["sample", "penalty", "no_repeat", "ban_unk", "ban_eos", "rank", "boost",
-                                    "suppress"])
+@pytest.mark.parametrize("change", ["sample", "penalty", "no_repeat", "ban_unk", "ban_eos", "rank", "boost"])
 def test_anything_beyond_plain_greedy_goes_to_the_host(change):
     c = RowControls.greedy(B)
-    suppress = []
     if change == "sample":
         c.kind[2] = SAMPLE
     elif change == "penalty":
@@ -65,9 +64,29 @@ def test_anything_beyond_plain_greedy_goes_to_the_host(change):
         getattr(c, change)[2] = True
     elif change == "rank":
         c.rank[2] = 1
-    elif change == "boost":
+    else:
         c.boost = np.full((B, 1), -1, np.int64)
         c.boost[2, 0] = 42
-    else:
-        suppress = [0]
-    assert not plain_greedy(c, suppress)
+    assert not plain(c)
+
+
+def test_suppressed_tokens_hand_back_only_a_suppressed_best_or_a_score():
+    """With tokens suppressed the lane still chooses every row whose best is not one of them (the chooser's
+    first best too), forced rows included; a suppressed best, or a scored row (its log p would be over
+    what suppression leaves), goes to the host."""
+    rng = np.random.default_rng(2)
+    suppress = [0, 5]
+    logits = rng.standard_normal((B, V)).astype(np.float32)
+    logits[:, suppress] = -1.0  # never the best ...
+    logits[9, 5] = 50.0  # ... but here
+    c = RowControls.greedy(B)
+    c.forced[[1, 9]] = 7
+    assert choose_greedy(logits, c, suppress) is None
+    logits[9, 5] = -1.0
+    got = choose_greedy(logits, c, suppress)
+    want = TokenChooser(tuple(suppress)).choose(logits.copy(), c)
+    assert got is not None and got.token[1] == got.token[9] == 7
+    np.testing.assert_array_equal(got.token, want.token)
+    c.scored[3] = True
+    assert choose_greedy(logits, c, suppress) is None
+    assert choose_greedy(logits, c, []) is not None

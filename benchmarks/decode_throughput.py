@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from benchmarks.harness import date_line, machine_line, rotations
+from benchmarks.harness import TEST_SOURCES, date_line, machine_line, rotations
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINES = ["torch-recompute", "torch-cache", "ort-fp32", "ort-int8", "ct2-float32", "ct2-int8"]
@@ -194,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--bundle", required=True, help="bundle version directory (fp32; int8 is made if missing)")
-    p.add_argument("--src-file", default=str(ROOT.parent / "shared/data/multi30k/test_2016_flickr.en"))
+    p.add_argument("--src-file", default=str(TEST_SOURCES))
     p.add_argument("--sentences", type=int, default=128)
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])

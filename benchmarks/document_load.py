@@ -55,13 +55,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional, Sequence
 
-from benchmarks.harness import ServerProcess, date_line, machine_line, rotations, wait_serving
+from benchmarks.harness import TEST_SOURCES, ServerProcess, date_line, machine_line, rotations, wait_serving
 from client.loadgen import Sample, grpc_stream, run_level
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
 DOCUMENT_SOURCE = DATA / "train.en"  # the document: not the interactive calls' sentences, not model selection's
-INTERACTIVE_SOURCE = DATA / "test_2016_flickr.en"
+INTERACTIVE_SOURCE = TEST_SOURCES
 SEED = 20261128
 TARGET_RATIO = 1.20  # TTFT p50 with the document / alone, at most
 POLL_S = 0.25  # the document's status, this often

@@ -36,11 +36,11 @@ import urllib.request
 from pathlib import Path
 from typing import Sequence
 
-from benchmarks.harness import ServerProcess, date_line, machine, machine_line
+from benchmarks.harness import TEST_SOURCES, ServerProcess, date_line, machine, machine_line
 
 ROOT = Path(__file__).resolve().parents[1]
 RATE = 100  # py-spy samples per second
-SRC = ROOT.parent / "shared" / "data" / "multi30k" / "test_2016_flickr.en"
+SRC = TEST_SOURCES
 FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^():]+)(?::\d+)?\)$")
 # (label, predicate on the frame's file) — first match wins; order from most to least specific.
 COMPONENTS = (

@@ -40,7 +40,7 @@ import urllib.request
 from pathlib import Path
 from typing import Sequence
 
-from benchmarks.harness import ServerProcess, proc_status
+from benchmarks.harness import TEST_SOURCES, ServerProcess, proc_status
 
 ROOT = Path(__file__).resolve().parents[1]
 MB = 1 << 20
@@ -316,7 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     own, server_flags = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repository", default=str(ROOT / "model_repository"))
-    p.add_argument("--src-file", default=str(ROOT.parent / "shared/data/multi30k/test_2016_flickr.en"))
+    p.add_argument("--src-file", default=str(TEST_SOURCES))
     p.add_argument("--streams", type=int, default=80, help="concurrent long streams in the busy phase")
     p.add_argument("--warmup-requests", type=int, default=300, help="mixed requests before the busy phase")
     p.add_argument("--busy-seconds", type=float, default=20.0)

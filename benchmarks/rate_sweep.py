@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from benchmarks.harness import ServerProcess, date_line, machine_line
+from benchmarks.harness import TEST_SOURCES, ServerProcess, date_line, machine_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,7 +71,7 @@ def render(result: dict, args, argv: list[str]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--src-file", default=str(ROOT.parent / "shared/data/multi30k/test_2016_flickr.en"))
+    p.add_argument("--src-file", default=str(TEST_SOURCES))
     p.add_argument("--rates", default="5,10,20,40,60,80,100,120")
     p.add_argument("--duration", type=float, default=30.0, help="seconds per level")
     p.add_argument("--slo-ttft-ms", type=float, default=200.0)

@@ -20,7 +20,7 @@ import asyncio
 
 import sacrebleu
 
-from benchmarks.harness import ServerProcess, wait_serving
+from benchmarks.harness import TEST_SOURCES, ServerProcess, wait_serving
 from client.client import AsyncTranslatorClient
 from models.core import static_decode
 from models.core.bundle import load_bundle, newest_version
@@ -121,7 +121,7 @@ def server_check(texts: list[str], refs: list[str], bundle: Path) -> list[str]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bundle", default=str(newest_version(ROOT / "model_repository" / "multi30k-en-de-small")))
-    p.add_argument("--test-src", default=str(DATA / "multi30k" / "test_2016_flickr.en"))
+    p.add_argument("--test-src", default=str(TEST_SOURCES))
     p.add_argument("--ood", default=str(DATA / "tatoeba-fra-eng" / "fra-eng.tsv"),
                    help="out-of-domain English, one sentence per line (or a tab-separated file: first column)")
     p.add_argument("--ood-lines", type=int, default=1000)

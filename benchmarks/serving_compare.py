@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from benchmarks.harness import (ServerProcess, cpu_seconds, date_line, free_port, machine_line, rotations,
+from benchmarks.harness import (TEST_SOURCES, ServerProcess, cpu_seconds, date_line, free_port, machine_line, rotations,
                                 wait_serving)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -254,7 +254,7 @@ def plot(results: dict, path: Path) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--src-file", default=str(ROOT.parent / "shared/data/multi30k/test_2016_flickr.en"))
+    p.add_argument("--src-file", default=str(TEST_SOURCES))
     p.add_argument("--precisions", type=lambda s: s.split(","), default=["fp32", "int8"])
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32, 64])
     p.add_argument("--requests", type=int, default=400, help="streams per level (at least 2x the level)")

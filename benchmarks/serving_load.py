@@ -25,7 +25,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from benchmarks.harness import ServerProcess, cpu_seconds, date_line, machine_line, wait_serving
+from benchmarks.harness import TEST_SOURCES, ServerProcess, cpu_seconds, date_line, machine_line, wait_serving
 from client.loadgen import Sample, grpc_stream, run_level
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -339,7 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repository", default=str(ROOT / "model_repository"))
-    p.add_argument("--src-file", default=str(ROOT.parent / "shared/data/multi30k/test_2016_flickr.en"))
+    p.add_argument("--src-file", default=str(TEST_SOURCES))
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32, 64])
     p.add_argument("--requests", type=int, default=1000, help="streams per level (steady state, not ramp-up)")
     p.add_argument("--max-seconds", type=float, default=90.0)

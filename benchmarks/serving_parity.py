@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from benchmarks.harness import ServerProcess, date_line, machine_line, wait_serving
+from benchmarks.harness import TEST_SOURCES, ServerProcess, date_line, machine_line, wait_serving
 
 ROOT = Path(__file__).resolve().parents[1]
 CKPT = ROOT / "models/pretrained/multi30k-en-de-small/model.pt"
@@ -128,7 +128,7 @@ def compare(a: list[list[int]], b: list[list[int]]) -> list[int]:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--src-file", default=str(ROOT.parent / "shared/data/multi30k/test_2016_flickr.en"))
+    p.add_argument("--src-file", default=str(TEST_SOURCES))
     p.add_argument("--decoders", type=lambda s: s.split(","), default=["inplace", "copy"])
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--variant", default="fp32", choices=["fp32", "int8"], help="bundle variant the server runs")

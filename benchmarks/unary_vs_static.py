@@ -37,10 +37,10 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from benchmarks.harness import ServerProcess, date_line, machine, machine_line
+from benchmarks.harness import TEST_SOURCES, ServerProcess, date_line, machine, machine_line
 
 ROOT = Path(__file__).resolve().parents[1]
-SRC = ROOT.parent / "shared" / "data" / "multi30k" / "test_2016_flickr.en"
+SRC = TEST_SOURCES
 MODEL = "multi30k-en-de-small"
 LAYOUTS = ("1x2", "2x1", "1x2-dropping", "2x1-dropping")
 

@@ -4,11 +4,12 @@
 
 Starts the server (shipped model, default settings, gRPC only), drives it with the load
 generator in another process — streams (`--rpc stream --concurrency N`, one message per token)
-and unary calls of 32 texts — and samples the server with py-spy (`record --threads
---function --format raw`, 100 Hz, the process paused per sample) over a window in the middle
-of the load. Over the same window it reads the server's CPU time (/proc/PID/stat) and its
-generated tokens (nmt_output_tokens_total), so each component's share becomes microseconds of
-server CPU per output token.
+and unary calls of 32 texts — and samples the server with py-spy (`record --subprocesses
+--threads --function --format raw`, 100 Hz, each process paused per sample) over a window in the
+middle of the load: the frontend and, in the default layout, the engine core processes (replicas)
+it started. Over the same window it reads the CPU time of that whole process tree (/proc/PID/stat)
+and its generated tokens (nmt_output_tokens_total), so each component's share becomes microseconds
+of server CPU per output token.
 
 A sample is charged to the innermost frame we can name (self time): ONNX Runtime, grpc
 (grpc.aio and its Cython core), protobuf, the asyncio machinery, prometheus_client, logging,
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
 import re
 import shutil
 import subprocess
@@ -36,7 +36,7 @@ import urllib.request
 from pathlib import Path
 from typing import Sequence
 
-from benchmarks.harness import TEST_SOURCES, ServerProcess, date_line, machine, machine_line
+from benchmarks.harness import TEST_SOURCES, ServerProcess, cpu_seconds, date_line, machine, machine_line
 
 ROOT = Path(__file__).resolve().parents[1]
 RATE = 100  # py-spy samples per second
@@ -65,14 +65,22 @@ def component(file: str) -> str:
 
 
 def parse(raw: str) -> list[tuple[str, list[tuple[str, str]], int]]:
-    """py-spy's raw lines -> (thread name, [(function, file)], samples)."""
+    """py-spy's raw lines -> (thread name, [(function, file)], samples). With --subprocesses a stack starts
+    with its processes ('process PID:"command line"', outermost first); a thread of an engine core process
+    (server.coreprocess) is named "core/<its name>"."""
     out = []
     for line in raw.splitlines():
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
             continue
         frames = stack.split(";")
-        thread = frames[0].split(": ", 1)[-1] if frames[0].startswith("thread") else "?"
+        core = False
+        while frames and frames[0].startswith("process "):
+            core = "server.coreprocess" in frames.pop(0)  # the innermost process decides
+        if not frames:
+            continue
+        thread = frames[0].split(": ", 1)[-1] if frames[0].startswith("thread") and ": " in frames[0] else "?"
+        thread = f"core/{thread}" if core else thread
         parsed = []
         for frame in frames[1:]:
             m = FRAME.match(frame)
@@ -100,7 +108,8 @@ STAGES = (
      and file in ("models/core/runtime.py", "server/core/engine.py")),
     ("decode (steps, token choice, bookkeeping)", lambda func, file: file.startswith(
         ("models/core/inplace_step.py", "models/core/static_decode.py", "models/core/kv_cache.py",
-         "models/core/runtime.py", "server/core/engine.py", "server/core/choose.py", "server/core/controls.py",
+         "models/core/runtime.py", "server/core/engine.py", "server/core/choose.py", "server/core/greedy.py",
+         "server/core/controls.py",
          "server/core/runaway.py", "server/core/loop.py"))
      or (file == "server/core/scheduler.py" and func.split(".")[-1].lstrip("_") not in ("schedule", "submit"))),
     ("split into sentences", lambda func, file: file.startswith(("server/documents/segment.py",
@@ -126,8 +135,10 @@ def stage_of(frames: list[tuple[str, str]]) -> str:
 
 
 def thread_kind(name: str) -> str:
-    if name.startswith("engine-"):
+    if name.startswith(("engine-", "core/engine-")):
         return "engine thread"
+    if name.startswith("core/"):  # a replica's main thread (its frontends' requests, the answers), its log writer
+        return "engine core, other threads"
     if name.startswith("MainThread"):
         return "event loop (frontend)"
     if name.startswith("nmt-prep"):
@@ -161,11 +172,6 @@ def summarise(samples) -> dict:
     return {"threads": by_thread, "components": by_component, "stages": stages, "pipeline": pipeline, "idle": idle}
 
 
-def server_cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def output_tokens(metrics_port: int) -> float:
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
@@ -187,12 +193,12 @@ def profile(load: list[str], seconds: float, py_spy: str) -> dict:
         time.sleep(5)  # past the ramp-up
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "raw.txt"
-            cpu0, tok0, t0 = server_cpu(server.pid), output_tokens(metrics_port), time.perf_counter()
+            cpu0, tok0, t0 = cpu_seconds(server.pid), output_tokens(metrics_port), time.perf_counter()
             calls0 = finished_calls(metrics_port)
-            spy = subprocess.run([py_spy, "record", "--pid", str(server.pid), "--duration", str(int(seconds)),
+            spy = subprocess.run([py_spy, "record", "--pid", str(server.pid), "--subprocesses", "--duration", str(int(seconds)),
                                   "--rate", str(RATE), "--format", "raw", "--threads", "--function", "-o", str(out)],
                                  check=True, capture_output=True, text=True)
-            cpu1, tok1, t1 = server_cpu(server.pid), output_tokens(metrics_port), time.perf_counter()
+            cpu1, tok1, t1 = cpu_seconds(server.pid), output_tokens(metrics_port), time.perf_counter()
             calls = finished_calls(metrics_port) - calls0
             samples = parse(out.read_text())
             if "behind" in spy.stdout + spy.stderr:
@@ -232,7 +238,8 @@ def render(results: dict, argv: Sequence[str]) -> str:
                 "", "| thread | share of Python samples | µs per token |", "|---|---|---|"]
         for kind, n in s["threads"].most_common():
             out.append(f"| {kind} | {100 * n / total:.1f}% | {per * n:.0f} |")
-        for kind in ("event loop (frontend)", "engine thread", "admission workers", "other threads"):
+        for kind in ("event loop (frontend)", "engine thread", "engine core, other threads", "admission workers",
+                     "other threads"):
             comp = s["components"].get(kind)
             if not comp:
                 continue

@@ -2,9 +2,9 @@
 
 Measured problems, one per place the logits can be:
   * on the host, the full chooser (server/core/choose.py) makes several passes over the logits and builds
-    per-row controls even when every row is plain greedy, the common step: a third of the engine's Python
-    per step at one row (python -m benchmarks.engine_overhead: 0.32-0.34 -> 0.17 ms per step at 1 row,
-    1.02-1.09 -> 0.79-0.80 at 32 with this lane; docs/serving_speed.md);
+    per-row controls even when every row is plain greedy, the common step (python -m
+    benchmarks.engine_overhead, with this lane and the engine thread's batched histograms, one commit:
+    Python per step 0.32-0.34 -> 0.17 ms at 1 row, 1.02-1.09 -> 0.79-0.80 at 32; docs/serving_speed.md);
   * on a CUDA device, copying the logits to the host and choosing there took 374 µs for 64 rows of the
     shipped 8,000-token vocabulary and 20.5 ms for 256 rows of an OPUS-MT 58,101-token one, against 29-40
     µs for an argmax on the device (docs/benchmarks/gpu/README.md, an H200): there only ids and scores

@@ -50,15 +50,13 @@ def choose_greedy(logits: Any, c: Optional[RowControls], suppress: Sequence[int]
     top = logits[np.arange(b), best] if xp is np else logits.max(axis=-1)
     if not bool(xp.isfinite(top).all()):
         return None
-    token = to_host(best).astype(np.int64, copy=False)
+    token = to_host(best).astype(np.int64, copy=False)  # argmax's own new array (or its host copy): ours to write
     if len(suppress) and np.isin(token, suppress).any():
         return None
     logprob = np.zeros(b, np.float32)
     if c is not None:
         forced = np.flatnonzero(c.forced >= 0)
-        if len(forced):
-            token = token.copy()
-            token[forced] = c.forced[forced]
+        token[forced] = c.forced[forced]
         scored = np.flatnonzero(c.scored)
         if len(scored):
             if len(suppress):

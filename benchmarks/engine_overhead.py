@@ -166,6 +166,11 @@ def main(argv=None) -> int:
                                             "the section of this question (modes, variants, rows) is replaced, "
                                             "or added, and the page's other sections are kept")
     args = p.parse_args(argv)
+    # A beam of K needs K rows per request: with fewer rows no request fits and the row would read 0 tokens/s.
+    narrow = [f"{mode} at {rows} rows" for mode in args.mode if mode.startswith("beam")
+              for rows in args.rows if rows < int(mode[4:] or 1)]
+    if narrow:
+        p.error(f"a beam of K needs at least K rows: {', '.join(narrow)}")
     from models.core.bundle import newest_version
     with tempfile.TemporaryDirectory() as tmp:
         path = tiny_bundle(Path(tmp)) if args.tiny else Path(args.model)

@@ -168,6 +168,11 @@ HELP = {
                        "outstanding work, a replica that dies costs only its own calls and restarts while the "
                        "others serve (server/coreprocess/replicas.py); 0 = one per physical core (less one per "
                        "extra frontend) with --engine-core process, else 1",
+    "spread_row_cost_ms": "with engine replicas: a model whose decode rows each cost more than this per step "
+                          "(measured by every engine core once warm) has its calls spread over the replicas by "
+                          "least outstanding work; cheaper ones fill one replica's batch before the next "
+                          "(server/coreprocess/placement.py: spreading pays when a row costs more than the rest "
+                          "of a token's CPU); 0 = spread every model; >= 0",
     "frontends": "gRPC/HTTP frontend processes sharing the ports over one engine core (needs --engine-core "
                  "process; > 1 spreads connections with SO_REUSEPORT); 0 = one per 4 cores with --engine-core process, "
                  "else 1",
@@ -245,6 +250,7 @@ class ServerConfig:
     document_dir: str = ""  # document jobs' spool (server/files/spool.py); "" = a temporary one per server
     background_replica: bool = True  # a nice-19 engine core for PRIORITY_BACKGROUND work (replicas.py)
     engine_replicas: int = 0  # engine core processes (--engine-core process); 0 = one per physical core
+    spread_row_cost_ms: float = 0.5  # replicas: spread a model's calls when its rows cost more (placement.py)
     frontends: int = 0  # frontend processes over the core (--engine-core process); 0 = one per 4 cores
     watchdog_s: float = 30.0  # no engine step for this long with work waiting: NOT_SERVING, fail requests, exit 3
     warmup: bool = True
@@ -390,6 +396,8 @@ class ServerConfig:
                        f"{self.max_source_tokens}: a legal text could never be encoded")
         if not 0.0 <= self.max_encode_padding < 1.0:
             out.append(f"--max-encode-padding must be in [0, 1) (got {self.max_encode_padding})")
+        if self.spread_row_cost_ms < 0:
+            out.append(f"--spread-row-cost-ms must be >= 0 (got {self.spread_row_cost_ms})")
         if self.max_queue_delay_ms < 0 or self.grace_period_s < 0 or self.watchdog_s <= 0:
             out.append("--max-queue-delay-ms and --grace-period-s must be >= 0, --watchdog-s > 0")
         if self.http_port < -1 or self.http_keepalive_s < 1 or self.http_max_connections < 1 \

@@ -145,18 +145,19 @@ class HostedModel:
             if isinstance(event, (FinishEvent, ErrorEvent)):
                 result.append(event)
                 done.set()
-        (job,) = self.jobs(["Warm-up."], params, sink, None) if self.tok else [self._warmup_job(params, sink)]
+        (job,) = self.jobs(["Warm-up."], params, sink, None) if self.tok else [self.probe_job(params, sink)]
         self.scheduler.submit([job])
         if not done.wait(60) or isinstance(result[0], ErrorEvent):
             raise RuntimeError(f"warm-up of {self.name} failed: {result}")
 
-    def _warmup_job(self, params: DecodingParams, sink: Callable[[Event], None]) -> Job:
-        """A warm-up job without a tokenizer (an engine core): any few ids run every graph as text would."""
+    def probe_job(self, params: DecodingParams, sink: Callable[[Event], None]) -> Job:
+        """A job of a few ids, no tokenizer needed (an engine core has none): runs every graph as text would.
+        Warm-up and the decode step's measurement (server/coreprocess/placement.py) run these."""
         lead, forced = self.language_tokens("", "")
         spec = self.bundle.spec
         word = next(i for i in range(spec.vocab_size - 1, -1, -1) if i not in (spec.pad_id, spec.eos_id, spec.unk_id))
         ids = lead + [word] * 3 + [spec.eos_id]
-        budget = min(max_output_len(len(ids), self.max_output), self.max_output - len(forced))
+        budget = min(params.max_output_tokens or max_output_len(len(ids), self.max_output), self.max_output - len(forced))
         return Job(self.name, ids, params, budget, sink, None, forced=forced)
 
     def stop(self, grace: float) -> None:

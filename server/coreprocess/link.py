@@ -55,6 +55,7 @@ class CoreLink:
         self.address = address  # the core's listening socket (a path)
         self.outflow: Optional[Outflow] = None  # the loop's stream backlog (set by connect)
         self.holding = False  # the core was told Hold and not yet Resume
+        self.row_costs: dict[str, float] = {}  # model -> its cost per row and decode step, from the core's Ready
         self.channel: Optional[FrameProtocol] = None  # the connection to the core, once made
         self.jobs: dict[int, Job | EmbedJob] = {}  # in the core, until their terminal event
         # Tallies of `jobs` kept as they change: the replicas read them for every call (replicas.py pick).
@@ -86,6 +87,7 @@ class CoreLink:
         self.channel = channel
         channel.send(wire.encode(wire.Hello(identity(os.getpid()))))
         ready = await self.ready
+        self.row_costs = {facts.name: facts.row_cost_s for facts in ready.models}
         self.up = True
         return ready
 

@@ -42,6 +42,7 @@ from server import relay
 from server.config import ServerConfig
 from server.coreprocess import protocol as wire
 from server.coreprocess.channel import Peer, listen
+from server.coreprocess.placement import measure_row_cost
 from server.core.errors import ServiceError
 from server.hosted import HostedModel
 from server.metrics import Metrics
@@ -139,9 +140,11 @@ class Outbox:
 
 class Core:
     def __init__(self, models: dict[str, HostedModel], metrics: Metrics, address: str, parent: int,
-                 watchdog_s: float):
+                 watchdog_s: float, row_costs: Optional[dict[str, float]] = None):
+        """`row_costs`: each model's measured cost per row and decode step (placement.py), said in Ready."""
         self.models, self.metrics, self.parent, self.watchdog_s = models, metrics, parent, watchdog_s
-        self.ready = wire.Ready([wire.ModelFacts(m.name, m.provider, m.capacity, m.variant)
+        costs = row_costs or {}
+        self.ready = wire.Ready([wire.ModelFacts(m.name, m.provider, m.capacity, m.variant, costs.get(m.name, 0.0))
                                  for m in models.values()], os.getpid())
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -345,14 +348,17 @@ def main(cfg: ServerConfig, address: str, parent: int, pieces: Optional[dict[str
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logs.configure(cfg.log_format, cfg.log_level)
     metrics = Metrics()
-    models = {}
+    models, row_costs = {}, {}
     for bundle in discover(cfg.model_repository):
         model = HostedModel(bundle, cfg, metrics, pieces=(pieces or {}).get(bundle.name))
         model.start()
         models[bundle.name] = model
-    core = Core(models, metrics, address, parent, cfg.watchdog_s)
+        if cfg.warmup:  # measured warm only: without warm-up the model counts as unmeasured and is packed
+            row_costs[bundle.name] = measure_row_cost(model)
+    core = Core(models, metrics, address, parent, cfg.watchdog_s, row_costs)
     log.info("engine core ready", extra={"event": "engine_core_ready", "pid": os.getpid(), "models": sorted(models),
-                                             "intra_op_threads": cfg.engine_threads or "default"})
+                                             "intra_op_threads": cfg.engine_threads or "default",
+                                             "row_cost_ms": {k: round(v * 1000, 3) for k, v in row_costs.items()}})
     try:
         status = core.run()
     except Exception:  # noqa: BLE001

@@ -112,6 +112,7 @@ class ModelFacts(msgspec.Struct, array_like=True):
     provider: str
     capacity: int  # decode slots
     variant: str  # the bundle variant whose graphs run (int8 may be int8-vnni: models/core/runtime.py)
+    row_cost_s: float = 0.0  # a row's share of a decode step, measured once warm (placement.py); 0 = unmeasured
 
 
 class Ready(msgspec.Struct, tag=True, array_like=True):

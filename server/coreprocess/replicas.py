@@ -40,6 +40,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from server.config import ServerConfig
+from server.coreprocess.placement import spreads
 from server.coreprocess.supervisor import CoreFailed, CoreSupervisor
 from server.core.errors import Unavailable
 from server.core.request import Job
@@ -73,7 +74,8 @@ class Replicas:
         # Fill one replica's batch before opening the next: a step's fixed cost (Python, the hop to the
         # frontend) is spread over its rows, so two half-full replicas cost more per token than one full one
         # (measured: 64 streams 5,400 tok/s packed vs 4,000 spread; unary 32-text calls from 4 clients fill
-        # both either way).
+        # both either way). Not for a model whose rows cost more than the rest of a token does: its calls
+        # spread (placement.py).
         self.pack_rows = cfg.max_batch_size
         self.cfg, self.metrics = cfg, metrics
         self.background_allowed = cfg.background_core and not attach  # the primary starts it, alone
@@ -163,11 +165,13 @@ class Replicas:
         await self.on_up()
 
     # -- requests -------------------------------------------------------------------------------
-    def pick(self, rows: int = 1, background: bool = False):
-        """The replica for a request of `rows` decode rows: the first live one (in order; those holding
-        background work last) whose outstanding rows leave room for it within --max-batch-size, else the
-        live one with the least outstanding work (source tokens; ties rotate); None when none is live.
-        Background work: the live one with the fewest interactive jobs, then the least outstanding work."""
+    def pick(self, rows: int = 1, background: bool = False, model: str = ""):
+        """The replica for a request of `rows` decode rows of `model`: the first live one (in order; those
+        holding background work last) whose outstanding rows leave room for it within --max-batch-size, else
+        the live one with the least outstanding work (source tokens; ties rotate); None when none is live.
+        A model whose rows cost more than --spread-row-cost-ms each per step goes to the least outstanding
+        work at once (placement.py). Background work: the live one with the fewest interactive jobs, then the
+        least outstanding work."""
         live = [m.link for m in self.members if m.link.up]
         if not live:
             return None
@@ -175,9 +179,10 @@ class Replicas:
             return min(reversed(live), key=lambda link: (len(link.jobs) - link.background_jobs, link.source_tokens))
         if len(live) > 1:
             live.sort(key=lambda link: link.background_jobs > 0)  # stable
-        for link in live:
-            if len(link.jobs) + rows <= self.pack_rows:
-                return link
+        if not spreads(max(link.row_costs.get(model, 0.0) for link in live), self.cfg.spread_row_cost_ms):
+            for link in live:
+                if len(link.jobs) + rows <= self.pack_rows:
+                    return link
         start = next(self._turn) % len(live)
         rotated = live[start:] + live[:start]
         return min(rotated, key=lambda link: link.source_tokens)
@@ -197,7 +202,7 @@ class Replicas:
                     if link.up:  # draining: its answer stands
                         raise  # (lost between the choice and the answer: the replicas take it below)
         for _ in self.members:
-            link = self.pick(rows, background)
+            link = self.pick(rows, background, model)
             if link is None:
                 break
             try:

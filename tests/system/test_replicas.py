@@ -53,7 +53,8 @@ def replica_of(srv, job_count_before: list[int]) -> int:
 def test_a_full_replica_passes_new_calls_to_the_next_and_each_reports_its_own_series(start_server):
     """One replica's batch is filled first (--max-batch-size rows: a step's fixed cost spread over more
     rows), then the next takes the calls that would not fit."""
-    srv = start_server(engine_core="process", engine_replicas=2, max_batch_size=2, runaway_guard=False)
+    srv = start_server(engine_core="process", engine_replicas=2, max_batch_size=2, runaway_guard=False,
+                       spread_row_cost_ms=1e9)  # packing, whatever the rows cost on this machine
     assert len(srv.app.core.members) == 2 and len(set(srv.app.core.pids)) == 2
     texts = flickr_sentences(4)
     with TranslatorClient(srv.target, timeout=120, retries=0) as client:
@@ -72,8 +73,33 @@ def test_a_full_replica_passes_new_calls_to_the_next_and_each_reports_its_own_se
     assert text.count("# TYPE nmt_output_tokens_total counter") == 1  # one family, a sample per replica
 
 
+def test_a_model_whose_rows_cost_more_than_the_line_is_spread_over_the_replicas(start_server):
+    """Every engine core measures each model's cost per row and decode step once warm and says it in its
+    Ready (server/coreprocess/placement.py); a model above --spread-row-cost-ms (0 here: every model) has
+    its calls go to the replica with the least outstanding work at once, not after the first one's batch
+    is full: four equal streams, two per replica, the second beside none of the first's."""
+    srv = start_server(engine_core="process", engine_replicas=2, max_batch_size=8, runaway_guard=False,
+                       spread_row_cost_ms=0)
+    for member in srv.app.core.members:
+        costs = member.link.row_costs
+        assert set(costs) == set(srv.app.admission.models), costs  # every model measured, in every replica
+        assert all(isinstance(c, float) and c >= 0.0 for c in costs.values()), costs
+    text = flickr_sentences(1)[0]
+    with TranslatorClient(srv.target, timeout=120, retries=0) as client:
+        streams, homes = [], []
+        for _ in range(4):
+            counts = [len(m.link.jobs) for m in srv.app.core.members]
+            stream = client.translate_stream(text, model=MODEL, **LONG)
+            next(iter(stream))
+            streams.append(stream)
+            homes.append(replica_of(srv, counts))
+        assert homes[0] != homes[1] and sorted(homes) == [0, 0, 1, 1], homes
+        assert [read_to_end(s)[0] for s in streams] == [grpc.StatusCode.OK] * 4
+
+
 def test_a_killed_replica_fails_only_its_own_calls_and_comes_back(start_server):
-    srv = start_server(engine_core="process", engine_replicas=2, max_batch_size=3, runaway_guard=False)
+    srv = start_server(engine_core="process", engine_replicas=2, max_batch_size=3, runaway_guard=False,
+                       spread_row_cost_ms=1e9)
     texts = flickr_sentences(8)
     with TranslatorClient(srv.target, timeout=120, retries=0) as client:
         before = [t.hypotheses[0].text for t in client.translate(texts, model=MODEL).translations]

@@ -1,0 +1,69 @@
+"""Pack one replica's batch or spread over the replicas: decided per model, by its measured cost per row.
+
+Measured problem (issue 35, 2026-11-28, 2-core AMD EPYC with AVX2): the replicas filled one batch before
+opening the next (server/coreprocess/replicas.py), which is right for the shipped model, whose decode step
+is mostly fixed cost (ONNX Runtime's per-node overhead, the engine's Python, the hop to the frontend): two
+half-full replicas pay it twice per token. An OPUS-MT-sized Marian (d_model 512, 6+6 layers, a 58k
+vocabulary) is the opposite: its step is nearly all per-row work, so 32 streams packed into one replica
+kept one core decoding while the other had little to do. The same server with the rows split 16 + 16
+(`--max-batch-size 16`) served 701-722 tokens/s against 476-483 packed, TTFT p50 100 against 141 ms
+(two alternating rounds of 25 s each; docs/serving_speed.md has these runs and the rule's own).
+
+The rule. One replica per core; a decode step of b rows costs F + m * b (F fixed, m per row), and the rest
+of the pipeline (the frontend's handlers and gRPC writes, and callers on the same host) costs P of CPU per
+output token. Packed, the replica's core limits at 1 / (F/b + m) tokens per second and the machine at
+2 / (P + F/b + m); spread over two replicas, the machine at 2 / (P + 2F/b + m). Spreading wins exactly when
+m > P, whatever b: when a row's own decoding costs more than everything else a token needs, the replica's
+core is the bottleneck and a second core is worth one more fixed cost per step. So each engine core
+measures m per model once warm (`measure_row_cost`, below) and says it in its Ready; the frontend spreads
+a model's calls by least outstanding work when m is above --spread-row-cost-ms, and packs them otherwise.
+P was 0.15-0.45 ms per streamed token in the frontends measured (docs/serving_speed.md); the line's default,
+0.5 ms, packs the shipped models (~0.07-0.15 ms per row) and spreads an OPUS-MT-sized one (~2 ms). Near the
+line the two layouts cost about the same, so a noisy measurement there costs little either way.
+"""
+from __future__ import annotations
+
+import threading
+
+from server.core.request import DecodingParams, ErrorEvent, Event, FinishEvent
+
+ROWS = 16  # rows of the wide measurement (or the batch's width, if narrower)
+STEPS = 8  # decode steps per measurement: every row decodes exactly this many tokens
+TRIES = 2  # each measurement this many times; the fastest counts (the first may still meet cold caches)
+
+
+def measure_row_cost(model, rows: int = ROWS, steps: int = STEPS, tries: int = TRIES) -> float:
+    """Seconds per row per decode step of `model` (a HostedModel with its engine loop running, idle), from
+    whole loop iterations at 1 row and at `rows` rows: (T(rows) - T(1)) / (rows - 1), at least 0. 0.0 when
+    the batch holds a single row (nothing to spread)."""
+    rows = min(rows, model.capacity)
+    if rows < 2:
+        return 0.0
+    one = min(_step_seconds(model, 1, steps) for _ in range(tries))
+    wide = min(_step_seconds(model, rows, steps) for _ in range(tries))
+    return max(0.0, (wide - one) / (rows - 1))
+
+
+def _step_seconds(model, rows: int, steps: int) -> float:
+    """Wall seconds per decode step with `rows` rows: as many jobs of the same few ids, each forced to decode
+    exactly `steps` tokens, submitted together (one encoder pass, then every step with all of them)."""
+    params = DecodingParams(min_output_tokens=steps, max_output_tokens=steps)
+    done, ends = threading.Event(), []
+
+    def sink(event: Event) -> None:
+        if isinstance(event, (FinishEvent, ErrorEvent)):
+            ends.append(event)
+            if len(ends) == rows:
+                done.set()
+    jobs = [model.probe_job(params, sink) for _ in range(rows)]
+    model.scheduler.submit(jobs)
+    if not done.wait(120) or any(isinstance(e, ErrorEvent) for e in ends):
+        raise RuntimeError(f"measuring {model.name}'s decode step failed: {ends}")
+    first = min(job.timing.first_token for job in jobs)
+    last = max(job.timing.finished for job in jobs)
+    return (last - first) / max(1, steps - 1)
+
+
+def spreads(row_cost_s: float, line_ms: float) -> bool:
+    """True when a model whose rows cost `row_cost_s` each per step should be spread over the replicas."""
+    return row_cost_s * 1000.0 > line_ms

@@ -168,11 +168,12 @@ HELP = {
                        "outstanding work, a replica that dies costs only its own calls and restarts while the "
                        "others serve (server/coreprocess/replicas.py); 0 = one per physical core (less one per "
                        "extra frontend) with --engine-core process, else 1",
-    "spread_row_cost_ms": "with engine replicas: a model whose decode rows each cost more than this per step "
-                          "(measured by every engine core once warm) has its calls spread over the replicas by "
-                          "least outstanding work; cheaper ones fill one replica's batch before the next "
-                          "(server/coreprocess/placement.py: spreading pays when a row costs more than the rest "
-                          "of a token's CPU); 0 = spread every model; >= 0",
+    "spread_row_cost_ms": "with engine replicas: streams of a model whose decode rows each cost more than this "
+                          "per step (measured by every engine core once warm) go to the replica with the least "
+                          "outstanding work, as every other call does; cheaper models' streams fill one "
+                          "replica's batch before the next (server/coreprocess/placement.py: spreading pays "
+                          "when a row costs more than the rest of a token's CPU, a message per token for a "
+                          "stream); 0 = spread every stream; >= 0",
     "frontends": "gRPC/HTTP frontend processes sharing the ports over one engine core (needs --engine-core "
                  "process; > 1 spreads connections with SO_REUSEPORT); 0 = one per 4 cores with --engine-core process, "
                  "else 1",

@@ -1,4 +1,5 @@
-"""Pack one replica's batch or spread over the replicas: decided per model, by its measured cost per row.
+"""Which replica takes a call: pack one replica's batch or spread over them, by the call's kind and the
+model's measured cost per row.
 
 Measured problem (issue 35, 2026-11-28, 2-core AMD EPYC with AVX2): the replicas filled one batch before
 opening the next (server/coreprocess/replicas.py), which is right for the shipped model, whose decode step
@@ -18,8 +19,18 @@ core is the bottleneck and a second core is worth one more fixed cost per step. 
 measures m per model once warm (`measure_row_cost`, below) and says it in its Ready; the frontend spreads
 a model's calls by least outstanding work when m is above --spread-row-cost-ms, and packs them otherwise.
 P was 0.15-0.45 ms per streamed token in the frontends measured (docs/serving_speed.md); the line's default,
-0.5 ms, packs the shipped models (~0.07-0.15 ms per row) and spreads an OPUS-MT-sized one (~2 ms). Near the
-line the two layouts cost about the same, so a noisy measurement there costs little either way.
+0.5 ms, packs the shipped models' streams (0.07-0.22 ms per row) and spreads an OPUS-MT-sized one's (~2 ms).
+Near the line the two layouts cost about the same, so a noisy measurement there costs little either way.
+
+A call without a stream (Translate, documents, the HTTP APIs, Embed) writes no message per token, so its P
+is a few tens of µs (the frontend's whole share of a 32-text call: 28 µs per token, docs/benchmarks/
+frontend_profile.md), below any model's row cost: it always goes to the least outstanding work. Measured
+with the shipped en-de (alternating, two rounds of 15 s, AVX2 AMD EPYC, 2026-11-28): two callers of 32-text
+calls 12,584-12,806 tokens/s spread against 7,648-7,914 packed into one replica's batch of 64; 64 callers
+of 1-text calls 7,870-7,945 against 6,875-7,315; while 64 streams served 4,158-4,277 spread against
+4,452-4,577 packed (TTFT p50 154-166 against 90-112 ms), as the rule says. Ties go to the first replica
+rather than rotating: one caller's calls, one after another, found a cold replica every other time that
+way (7,429-7,445 tokens/s on one replica against 6,875-6,950 alternating).
 """
 from __future__ import annotations
 
@@ -62,6 +73,18 @@ def _step_seconds(model, rows: int, steps: int) -> float:
     first = min(job.timing.first_token for job in jobs)
     last = max(job.timing.finished for job in jobs)
     return (last - first) / max(1, steps - 1)
+
+
+def choose(links: list, rows: int, stream: bool, row_cost_s: float, line_ms: float, pack_rows: int):
+    """The replica (one of `links`: live, in order of preference; each with `jobs` and `source_tokens`) for
+    a call of `rows` decode rows. A stream of a model whose rows cost at most `line_ms` each goes to the first
+    whose outstanding rows leave room for it within `pack_rows`; every other call, and a stream that finds
+    no room, to the least outstanding work (ties: the first)."""
+    if stream and not spreads(row_cost_s, line_ms):
+        for link in links:
+            if len(link.jobs) + rows <= pack_rows:
+                return link
+    return min(links, key=lambda link: link.source_tokens)
 
 
 def spreads(row_cost_s: float, line_ms: float) -> bool:

@@ -9,9 +9,11 @@ servers with one engine thread each, sharing one unary load, served 1.26x one de
 The design: `--engine-replicas N` core processes (server/coreprocess/process.py, unchanged), each with
 its own sessions, slot cache, scheduler and loop, each watched and restarted by its own
 CoreSupervisor. A request's jobs go to one replica, all of them (a document's sentences stay
-together: their order and the request's all-or-none admission are that replica's), the replica with
-the least outstanding work: the source tokens of the jobs it holds, a proxy for the decode steps they
-still need. Ties rotate, so an idle server spreads its first calls. Cancels follow each job to its
+together: their order and the request's all-or-none admission are that replica's). Which one is
+server/coreprocess/placement.py's rule: a stream fills one replica's batch before the next opens,
+unless its model's rows cost more than the rest of a token (then, like every other call, it goes to
+the least outstanding work: the source tokens of the jobs a replica holds, a proxy for the decode
+steps they still need; ties to the first, whose caches are warm). Cancels follow each job to its
 replica (the link sets `job.on_cancel`).
 
 Background work (PRIORITY_BACKGROUND: every document file's texts) has a replica of its own, at the
@@ -32,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import itertools
 import logging
 from typing import Awaitable, Callable, Optional
 
@@ -40,7 +41,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from server.config import ServerConfig
-from server.coreprocess.placement import spreads
+from server.coreprocess.placement import choose
 from server.coreprocess.supervisor import CoreFailed, CoreSupervisor
 from server.core.errors import Unavailable
 from server.core.request import Job
@@ -70,12 +71,8 @@ class Replicas:
                    for i in range(len(addresses))]
         self.members = [CoreSupervisor(c, metrics, functools.partial(self._down, i), self._up, attach=a,
                                        pieces=pieces) for i, (a, c) in enumerate(zip(addresses, configs))]
-        self._turn = itertools.count()
-        # Fill one replica's batch before opening the next: a step's fixed cost (Python, the hop to the
-        # frontend) is spread over its rows, so two half-full replicas cost more per token than one full one
-        # (measured: 64 streams 5,400 tok/s packed vs 4,000 spread; unary 32-text calls from 4 clients fill
-        # both either way). Not for a model whose rows cost more than the rest of a token does: its calls
-        # spread (placement.py).
+        # Streams fill one replica's batch before opening the next (placement.py says when, and why not
+        # other calls).
         self.pack_rows = cfg.max_batch_size
         self.cfg, self.metrics = cfg, metrics
         self.background_allowed = cfg.background_core and not attach  # the primary starts it, alone
@@ -165,13 +162,11 @@ class Replicas:
         await self.on_up()
 
     # -- requests -------------------------------------------------------------------------------
-    def pick(self, rows: int = 1, background: bool = False, model: str = ""):
-        """The replica for a request of `rows` decode rows of `model`: the first live one (in order; those
-        holding background work last) whose outstanding rows leave room for it within --max-batch-size, else
-        the live one with the least outstanding work (source tokens; ties rotate); None when none is live.
-        A model whose rows cost more than --spread-row-cost-ms each per step goes to the least outstanding
-        work at once (placement.py). Background work: the live one with the fewest interactive jobs, then the
-        least outstanding work."""
+    def pick(self, rows: int = 1, background: bool = False, model: str = "", stream: bool = True):
+        """The replica for a request of `rows` decode rows of `model` (placement.py `choose`: streams pack
+        one replica's batch unless the model's rows cost more than --spread-row-cost-ms, other calls go to
+        the least outstanding work); live ones holding background work come last. None when none is live.
+        Background work: the live one with the fewest interactive jobs, then the least outstanding work."""
         live = [m.link for m in self.members if m.link.up]
         if not live:
             return None
@@ -179,19 +174,15 @@ class Replicas:
             return min(reversed(live), key=lambda link: (len(link.jobs) - link.background_jobs, link.source_tokens))
         if len(live) > 1:
             live.sort(key=lambda link: link.background_jobs > 0)  # stable
-        if not spreads(max(link.row_costs.get(model, 0.0) for link in live), self.cfg.spread_row_cost_ms):
-            for link in live:
-                if len(link.jobs) + rows <= self.pack_rows:
-                    return link
-        start = next(self._turn) % len(live)
-        rotated = live[start:] + live[:start]
-        return min(rotated, key=lambda link: link.source_tokens)
+        row_cost = max(link.row_costs.get(model, 0.0) for link in live)
+        return choose(live, rows, stream, row_cost, self.cfg.spread_row_cost_ms, self.pack_rows)
 
     async def submit(self, model: str, jobs: list) -> None:
         """Queue a request's jobs in one replica, all or none. A replica lost between the choice and its
         answer (UNAVAILABLE with the link down) passes them to another live one, once per replica."""
         rows = sum(job.params.rows if isinstance(job, Job) else 1 for job in jobs)  # an embedding counts one
         background = any(job.background for job in jobs)
+        stream = any(getattr(job, "stream", False) for job in jobs)  # an embedding has no stream
         if background:
             link = await self._background_link()
             if link is not None:
@@ -202,7 +193,7 @@ class Replicas:
                     if link.up:  # draining: its answer stands
                         raise  # (lost between the choice and the answer: the replicas take it below)
         for _ in self.members:
-            link = self.pick(rows, background, model)
+            link = self.pick(rows, background, model, stream)
             if link is None:
                 break
             try:

@@ -50,9 +50,3 @@ def test_a_batch_of_one_row_has_nothing_to_spread_and_runs_nothing(hosted):
     hosted.scheduler.submit = submitted.append
     assert placement.measure_row_cost(hosted) == 0.0
     assert submitted == []
-
-
-def test_the_line_spreads_only_what_costs_more_than_it():
-    assert placement.spreads(0.0006, 0.5) and not placement.spreads(0.0004, 0.5)
-    assert not placement.spreads(0.0005, 0.5)  # at the line: packed (the two layouts cost about the same there)
-    assert placement.spreads(1e-9, 0.0) and not placement.spreads(0.0, 0.0)  # 0 spreads every measured model

@@ -73,28 +73,63 @@ def test_a_full_replica_passes_new_calls_to_the_next_and_each_reports_its_own_se
     assert text.count("# TYPE nmt_output_tokens_total counter") == 1  # one family, a sample per replica
 
 
-def test_a_model_whose_rows_cost_more_than_the_line_is_spread_over_the_replicas(start_server):
+def paused_home(srv, start_call) -> tuple[int, object]:
+    """Start a call (`start_call()` returns once it is in a replica), note its replica and SIGSTOP that core:
+    its job stays outstanding there (it cannot finish: 250 steps take a good part of a second, the stop
+    comes a moment after the start), so the next choice is made against it."""
+    counts = [len(m.link.jobs) for m in srv.app.core.members]
+    call = start_call()
+    assert wait_for(lambda: any(len(m.link.jobs) > c for m, c in zip(srv.app.core.members, counts)), timeout=60)
+    home = replica_of(srv, counts)
+    os.kill(srv.app.core.members[home].pid, signal.SIGSTOP)
+    return home, call
+
+
+def test_a_model_whose_rows_cost_more_than_the_line_has_its_streams_spread(start_server):
     """Every engine core measures each model's cost per row and decode step once warm and says it in its
     Ready (server/coreprocess/placement.py); a model above --spread-row-cost-ms (0 here: every model) has
-    its calls go to the replica with the least outstanding work at once, not after the first one's batch
-    is full: four equal streams, two per replica, the second beside none of the first's."""
+    its streams go to the least outstanding work at once instead of filling the first replica's batch: with
+    the first stream held in its replica, the second goes to the other one and finishes there."""
     srv = start_server(engine_core="process", engine_replicas=2, max_batch_size=8, runaway_guard=False,
                        spread_row_cost_ms=0)
     for member in srv.app.core.members:
         costs = member.link.row_costs
         assert set(costs) == set(srv.app.admission.models), costs  # every model measured, in every replica
         assert all(isinstance(c, float) and c >= 0.0 for c in costs.values()), costs
-    text = flickr_sentences(1)[0]
+    first_text, text = flickr_sentences(2)
     with TranslatorClient(srv.target, timeout=120, retries=0) as client:
-        streams, homes = [], []
-        for _ in range(4):
-            counts = [len(m.link.jobs) for m in srv.app.core.members]
-            stream = client.translate_stream(text, model=MODEL, **LONG)
+        def first_stream():
+            stream = client.translate_stream(first_text, model=MODEL, **LONG)
             next(iter(stream))
-            streams.append(stream)
-            homes.append(replica_of(srv, counts))
-        assert homes[0] != homes[1] and sorted(homes) == [0, 0, 1, 1], homes
-        assert [read_to_end(s)[0] for s in streams] == [grpc.StatusCode.OK] * 4
+            return stream
+        home, held = paused_home(srv, first_stream)
+        try:
+            counts = [len(m.link.jobs) for m in srv.app.core.members]
+            second = client.translate_stream(text, model=MODEL, **LONG)
+            next(iter(second))
+            assert replica_of(srv, counts) == 1 - home
+            assert read_to_end(second)[0] == grpc.StatusCode.OK  # decoded beside nothing of the held one
+        finally:
+            os.kill(srv.app.core.members[home].pid, signal.SIGCONT)
+        assert read_to_end(held)[0] == grpc.StatusCode.OK
+
+
+def test_calls_without_a_stream_go_to_the_least_loaded_replica_whatever_the_model(start_server):
+    """A Translate call writes no message per token, so spreading pays for every model: with the line so
+    high that streams would pack, a second call still goes to the replica without the first one's work."""
+    srv = start_server(engine_core="process", engine_replicas=2, max_batch_size=8, runaway_guard=False,
+                       spread_row_cost_ms=1e9)
+    first_text, text = flickr_sentences(2)
+    with TranslatorClient(srv.target, timeout=120, retries=0) as client, cf.ThreadPoolExecutor(1) as pool:
+        home, held = paused_home(srv, lambda: pool.submit(client.translate, [first_text], model=MODEL, **LONG))
+        try:
+            # In the held replica it could not even be accepted (its core is stopped): an answer says it went
+            # to the other one.
+            answer = client.translate([text], model=MODEL, timeout=60)
+            assert answer.translations[0].hypotheses[0].text
+        finally:
+            os.kill(srv.app.core.members[home].pid, signal.SIGCONT)
+        assert held.result(120).translations[0].hypotheses[0].text
 
 
 def test_a_killed_replica_fails_only_its_own_calls_and_comes_back(start_server):

@@ -17,7 +17,7 @@ output token. Packed, the replica's core limits at 1 / (F/b + m) tokens per seco
 m > P, whatever b: when a row's own decoding costs more than everything else a token needs, the replica's
 core is the bottleneck and a second core is worth one more fixed cost per step. So each engine core
 measures m per model once warm (`measure_row_cost`, below) and says it in its Ready; the frontend spreads
-a model's calls by least outstanding work when m is above --spread-row-cost-ms, and packs them otherwise.
+a model's streams by least outstanding work when m is above --spread-row-cost-ms, and packs them otherwise.
 P was 0.15-0.45 ms per streamed token in the frontends measured (docs/serving_speed.md); the line's default,
 0.5 ms, packs the shipped models' streams (0.07-0.22 ms per row) and spreads an OPUS-MT-sized one's (~2 ms).
 Near the line the two layouts cost about the same, so a noisy measurement there costs little either way.
@@ -76,15 +76,16 @@ def _step_seconds(model, rows: int, steps: int) -> float:
 
 
 def choose(links: list, rows: int, stream: bool, row_cost_s: float, line_ms: float, pack_rows: int):
-    """The replica (one of `links`: live, in order of preference; each with `jobs` and `source_tokens`) for
-    a call of `rows` decode rows. A stream of a model whose rows cost at most `line_ms` each goes to the first
-    whose outstanding rows leave room for it within `pack_rows`; every other call, and a stream that finds
-    no room, to the least outstanding work (ties: the first)."""
+    """The replica (one of `links`: live, in order of preference; each with `jobs`, `source_tokens` and
+    `background_jobs`) for an interactive call of `rows` decode rows. A stream of a model whose rows cost at
+    most `line_ms` each goes to the first whose outstanding rows leave room for it within `pack_rows`; every
+    other call, and a stream that finds no room, to the least outstanding work among those holding no
+    background work if any does not (ties: the first)."""
     if stream and not spreads(row_cost_s, line_ms):
         for link in links:
             if len(link.jobs) + rows <= pack_rows:
                 return link
-    return min(links, key=lambda link: link.source_tokens)
+    return min(links, key=lambda link: (link.background_jobs > 0, link.source_tokens))
 
 
 def spreads(row_cost_s: float, line_ms: float) -> bool:

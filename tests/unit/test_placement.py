@@ -13,6 +13,7 @@ class Held:
     name: str
     jobs: dict = field(default_factory=dict)
     source_tokens: int = 0
+    background_jobs: int = 0
 
 
 def replicas(*loads: tuple[int, int]) -> list[Held]:
@@ -47,3 +48,11 @@ def test_ties_go_to_the_first_replica_every_time():
     links = replicas((0, 0), (0, 0), (0, 0))
     assert [choose(links, 32, False, 0.0, 0.5, 64).name for _ in range(3)] == ["r0"] * 3
     assert choose(replicas((2, 40), (1, 40), (5, 40)), 1, True, 0.002, 0.5, 64).name == "r0"
+
+
+def test_interactive_calls_keep_off_replicas_holding_background_work_while_another_is_free_of_it():
+    links = replicas((3, 10), (1, 500))
+    links[0].background_jobs = 2  # a document's sentences, in the replicas (--background-replica false)
+    assert choose(links, 32, False, 0.0, 0.5, 64).name == "r1"  # more work, but none of it background
+    links[1].background_jobs = 1
+    assert choose(links, 32, False, 0.0, 0.5, 64).name == "r0"  # both hold some: the least work

@@ -24,7 +24,7 @@ Near the line the two layouts cost about the same, so a noisy measurement there 
 
 A call without a stream (Translate, documents, the HTTP APIs, Embed) writes no message per token, so its P
 is a few tens of µs (the frontend's whole share of a 32-text call: 28 µs per token, docs/benchmarks/
-frontend_profile.md), below any model's row cost: it always goes to the least outstanding work. Measured
+frontend_profile.md), below the row cost of every model measured: it always goes to the least outstanding work. Measured
 with the shipped en-de (alternating, two rounds of 15 s, AVX2 AMD EPYC, 2026-11-28): two callers of 32-text
 calls 12,584-12,806 tokens/s spread against 7,648-7,914 packed into one replica's batch of 64; 64 callers
 of 1-text calls 7,870-7,945 against 6,875-7,315; while 64 streams served 4,158-4,277 spread against

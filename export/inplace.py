@@ -16,7 +16,7 @@ both to the same memory (ONNX Runtime IO binding by pointer):
              cross_key_{l}, cross_value_{l}    float (batch, heads, src_capacity, head_dim)
              cross_last_key_{l}, cross_last_value_{l}  float (batch, 1, heads * head_dim)
                                    each row's last real source key/value (the slot cache keeps them)
-    outputs  logits                float (batch, 1, vocab)
+    outputs  logits                float (batch, vocab)
              present_key_{l}, present_value_{l}, present_cross_key_{l}, present_cross_value_{l}
                                    the same tensors as the inputs above; bind them to the same memory
 
@@ -200,9 +200,15 @@ class InPlaceDecoderStep(nn.Module):
             a = ffn_rows(layer.ffn, h)
             x = x + a if layer.pre_norm else layer.norm3(x + a)
             presents += [pk, pv, ck, cv]
-        logits = m.logits_rows(x).unsqueeze(1)  # (B, 1, V)
-        if m.final_logits_bias is not None:  # added on (B, 1, V), where ONNX Runtime does not fold it into the Gemm
-            logits = logits + m.final_logits_bias
+        # (B, V) straight from the projection: given as (B, 1, V), the graph's last node was an Unsqueeze that
+        # copied every row's logits once more into the engine's bound buffer (at 64 rows 2 MB per step, ~4% of
+        # the step, and the copy pushed the cache's rows out of the caches the attention reads them from).
+        logits = m.logits_rows(x)  # (B, V)
+        if m.final_logits_bias is not None:
+            # Subtracted as its negation: the same float sum, but ONNX Runtime fuses a bias Add after a 2-D MatMul
+            # into its Gemm, whose rounding moved the logits where Marian's bias holds -1e4 (tests/integration/
+            # test_export.py); it fuses no Sub.
+            logits = logits - (-m.final_logits_bias)
         return (logits, *presents)
 
 

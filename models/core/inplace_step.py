@@ -64,14 +64,16 @@ class InPlaceStep:
         self.tokens = np.zeros((n, 1), dtype=np.int64)
         self.total = np.zeros((), dtype=np.int32)
         # The graph's logits have its cache's type (fp16 for the fp16 variant, converted whole), and stay where
-        # the cache is: on a device, greedy rows are chosen there (server/core/greedy.py).
-        shape, dtype = (n, 1, vocab_size), np.dtype(cache.k.dtype)
+        # the cache is: on a device, greedy rows are chosen there (server/core/greedy.py). Graphs exported
+        # before 2026-11-29 give them as (B, 1, V), through an Unsqueeze that copied them once more every step.
+        self.outputs = {o.name: o for o in session.get_outputs()}
+        self.step_axis = len(self.outputs["logits"].shape) == 3
+        shape, dtype = (n, 1, vocab_size) if self.step_axis else (n, vocab_size), np.dtype(cache.k.dtype)
         self.logits = lazy_zeros(shape, dtype) if cache.device == "cpu" else \
             device_zeros(shape, dtype, device_of(cache.k)[1])
         self.layers = cache.k.shape[0]
         self.on_device = cache.device != "cpu"
         # decoder_inplace.std.onnx only reads the cross buffers: it has no present_cross_* to bind
-        self.outputs = {o.name for o in session.get_outputs()}
         self.inputs = {i.name for i in session.get_inputs()}
         self._bindings: dict[int, ort.IOBinding] = {}  # running rows (bucketed: the bucket) -> their binding
         self.bucketed = bucketed
@@ -142,7 +144,7 @@ class InPlaceStep:
         settle(c.k)  # a device cache: the rows' writes (new rows, compaction, reorder) are done first
         self.session.run_with_iobinding(binding)
         c.advance(self.tokens[:b, 0])
-        return self.logits[:b, 0]
+        return self.logits[:b, 0] if self.step_axis else self.logits[:b]
 
     def _run_bucket(self, b: int):
         """The step over the rows padded to their bucket; on a device, that bucket's CUDA graph."""
@@ -163,4 +165,4 @@ class InPlaceStep:
         settle(c.k)
         self.session.run_with_iobinding(binding, run)
         c.advance(self.tokens[:b, 0])
-        return self.logits[:b, 0]
+        return self.logits[:b, 0] if self.step_axis else self.logits[:b]

@@ -64,6 +64,39 @@ def test_inplace_requested_without_the_graph_is_refused(bundle, tmp_path):
         OnnxModel(old, RuntimeOptions(provider="cpu", decoder="inplace"))
 
 
+
+def test_graphs_exported_with_a_step_axis_on_the_logits_still_serve(bundle, tmp_path):
+    """Bundles exported before 2026-11-29 give the in-place step's logits as (B, 1, V) (a last Unsqueeze, since
+    dropped: it copied them once more every step); the engine binds whichever the graph declares."""
+    import shutil
+
+    import onnx
+    from onnx import helper, numpy_helper
+    for path in BUNDLE.iterdir():
+        shutil.copy(path, tmp_path / path.name)
+    graph = onnx.load(str(tmp_path / "decoder_inplace.onnx"), load_external_data=False)
+    last = next(n for n in graph.graph.node if "logits" in n.output)
+    last.output[list(last.output).index("logits")] = "logits_rows"
+    graph.graph.initializer.append(numpy_helper.from_array(np.array([1], np.int64), "step_axis"))
+    graph.graph.node.append(helper.make_node("Unsqueeze", ["logits_rows", "step_axis"], ["logits"]))
+    out = next(o for o in graph.graph.output if o.name == "logits")
+    dims = out.type.tensor_type.shape.dim
+    assert len(dims) == 2, "the shipped graph should give (batch, vocab)"
+    dims.insert(1, onnx.TensorShapeProto.Dimension(dim_value=1))
+    onnx.save(graph, str(tmp_path / "decoder_inplace.onnx"))
+    old, new = engine(load_bundle(tmp_path), "inplace"), engine(bundle, "inplace")
+    assert old.inplace.step_axis and not new.inplace.step_axis
+    rng = np.random.default_rng(5)
+    for _ in range(3):
+        _join((old, new), rng, bundle.spec, 2)
+    for _ in range(6):
+        got, want = old.step_logits().copy(), new.step_logits()
+        assert got.shape == want.shape == (6, bundle.spec.out_vocab_size)
+        assert np.array_equal(got, want)
+        for a, b in zip(old.cache.rows, new.cache.rows):
+            a.token = b.token = int(want[b.slot].argmax())
+
+
 def _join(engines, rng, spec, copies: int):
     """Encode one random source once per engine and give it `copies` rows in each."""
     n = int(rng.integers(1, MAX_SOURCE + 1))

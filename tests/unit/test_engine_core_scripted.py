@@ -171,8 +171,9 @@ class ScriptedInPlace:
 
     def get_outputs(self) -> list:  # the GQA graph's outputs (the standard-op graph lacks present_cross_*)
         kinds = ("present_key", "present_value", "present_cross_key", "present_cross_value")
-        return [SimpleNamespace(name=n) for n in ["logits", *(f"{k}_{layer}" for layer in range(SPEC.n_dec_layers)
-                                                                for k in kinds)]]
+        caches = [SimpleNamespace(name=f"{k}_{layer}", shape=["batch", SPEC.n_heads, "capacity", SPEC.head_dim])
+                  for layer in range(SPEC.n_dec_layers) for k in kinds]
+        return [SimpleNamespace(name="logits", shape=["batch", SPEC.out_vocab_size]), *caches]  # (B, V)
 
     def get_inputs(self) -> list:  # the graph's (export/inplace.py io_names), each row's last source entry included
         layers = range(SPEC.n_dec_layers)
@@ -191,7 +192,7 @@ class ScriptedInPlace:
                 assert (a[f"cross_last_key_{layer}"][i, 0] == last).all()
         for i in range(len(tokens)):
             inputs = (*a["past_key_0"][i, 0, :pos[i], 0], tokens[i])
-            a["logits"][i, 0] = self.runtime.logits(a["cross_key_0"][i, 0, :src_len[i], 0], inputs)
+            a["logits"][i] = self.runtime.logits(a["cross_key_0"][i, 0, :src_len[i], 0], inputs)
             for layer in range(SPEC.n_dec_layers):
                 a[f"present_key_{layer}"][i, 0, pos[i], 0] = tokens[i]
 

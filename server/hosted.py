@@ -138,21 +138,31 @@ class HostedModel:
                                       max_output_tokens=4))
 
     def _warm(self, params: DecodingParams) -> None:
-        done = threading.Event()
-        result: list[Event] = []
+        self.run_probes(params, 1, "warm-up", 60.0)
+
+    def run_probes(self, params: DecodingParams, count: int, what: str, timeout_s: float) -> list[Job]:
+        """Submit `count` probe calls with `params` together and wait until every one has ended; -> their jobs
+        (each with its timing). Through the tokenizer when this model has one, so warm-up reaches it too;
+        probe_job's ids otherwise. Warm-up and the decode step's measurement (server/coreprocess/placement.py)
+        run these on an idle engine, before any traffic. Raises RuntimeError, naming `what`, if one fails or
+        they take longer than `timeout_s`."""
+        done, ends = threading.Event(), []
 
         def sink(event: Event) -> None:
             if isinstance(event, (FinishEvent, ErrorEvent)):
-                result.append(event)
-                done.set()
-        (job,) = self.jobs(["Warm-up."], params, sink, None) if self.tok else [self.probe_job(params, sink)]
-        self.scheduler.submit([job])
-        if not done.wait(60) or isinstance(result[0], ErrorEvent):
-            raise RuntimeError(f"warm-up of {self.name} failed: {result}")
+                ends.append(event)
+                if len(ends) == count:
+                    done.set()
+        jobs = self.jobs(["Warm-up."] * count, params, sink, None) if self.tok else \
+            [self.probe_job(params, sink) for _ in range(count)]
+        self.scheduler.submit(jobs)
+        if not done.wait(timeout_s) or any(isinstance(e, ErrorEvent) for e in ends):
+            raise RuntimeError(f"{what} of {self.name} failed: {ends}")
+        return jobs
 
     def probe_job(self, params: DecodingParams, sink: Callable[[Event], None]) -> Job:
-        """A job of a few ids, no tokenizer needed (an engine core has none): runs every graph as text would.
-        Warm-up and the decode step's measurement (server/coreprocess/placement.py) run these."""
+        """A job of a few ids, no tokenizer needed (an engine core has none): runs every graph as text would
+        (run_probes)."""
         lead, forced = self.language_tokens("", "")
         spec = self.bundle.spec
         word = next(i for i in range(spec.vocab_size - 1, -1, -1) if i not in (spec.pad_id, spec.eos_id, spec.unk_id))

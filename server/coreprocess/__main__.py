@@ -29,4 +29,5 @@ if __name__ == "__main__":
     if args.pieces:
         with open(args.pieces, encoding="utf-8") as f:
             pieces = {name: tuple(p) for name, p in json.load(f).items()}
-    main(ServerConfig(**settings), args.address, args.parent, pieces)
+    # the background replica (niced) takes only background work: its row costs would never be read
+    main(ServerConfig(**settings), args.address, args.parent, pieces, measure=not args.nice)

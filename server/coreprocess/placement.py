@@ -34,9 +34,7 @@ way (7,429-7,445 tokens/s on one replica against 6,875-6,950 alternating).
 """
 from __future__ import annotations
 
-import threading
-
-from server.core.request import DecodingParams, ErrorEvent, Event, FinishEvent
+from server.core.request import DecodingParams
 
 ROWS = 16  # rows of the wide measurement (or the batch's width, if narrower)
 STEPS = 8  # decode steps per measurement: every row decodes exactly this many tokens
@@ -56,20 +54,10 @@ def measure_row_cost(model, rows: int = ROWS, steps: int = STEPS, tries: int = T
 
 
 def _step_seconds(model, rows: int, steps: int) -> float:
-    """Wall seconds per decode step with `rows` rows: as many jobs of the same few ids, each forced to decode
-    exactly `steps` tokens, submitted together (one encoder pass, then every step with all of them)."""
+    """Wall seconds per decode step with `rows` rows: as many probe calls, each forced to decode exactly
+    `steps` tokens, submitted together (one encoder pass, then every step with all of them)."""
     params = DecodingParams(min_output_tokens=steps, max_output_tokens=steps)
-    done, ends = threading.Event(), []
-
-    def sink(event: Event) -> None:
-        if isinstance(event, (FinishEvent, ErrorEvent)):
-            ends.append(event)
-            if len(ends) == rows:
-                done.set()
-    jobs = [model.probe_job(params, sink) for _ in range(rows)]
-    model.scheduler.submit(jobs)
-    if not done.wait(120) or any(isinstance(e, ErrorEvent) for e in ends):
-        raise RuntimeError(f"measuring {model.name}'s decode step failed: {ends}")
+    jobs = model.run_probes(params, rows, "measuring the decode step", 120.0)
     first = min(job.timing.first_token for job in jobs)
     last = max(job.timing.finished for job in jobs)
     return (last - first) / max(1, steps - 1)

@@ -338,9 +338,11 @@ class Core:
             t.join()
 
 
-def main(cfg: ServerConfig, address: str, parent: int, pieces: Optional[dict[str, tuple[str, ...]]] = None) -> None:
-    """The core process's entry point (multiprocessing, spawn): load, warm up, say Ready, serve. A model
-    with `pieces` (its frontend's) loads no tokenizer here."""
+def main(cfg: ServerConfig, address: str, parent: int, pieces: Optional[dict[str, tuple[str, ...]]] = None,
+         measure: bool = True) -> None:
+    """The core process's entry point (multiprocessing, spawn): load, warm up, measure each model's row cost
+    (unless `measure` is off: the background replica, which placement never chooses by it), say Ready, serve.
+    A model with `pieces` (its frontend's) loads no tokenizer here."""
     # The primary frontend decides when to stop (the Stop message, after its own drain has begun): a
     # signal to the whole process group (Ctrl-C, systemd's control-group kill) must not end the core
     # under its callers. A frontend that is gone ends it too (Core._check).
@@ -353,7 +355,7 @@ def main(cfg: ServerConfig, address: str, parent: int, pieces: Optional[dict[str
         model = HostedModel(bundle, cfg, metrics, pieces=(pieces or {}).get(bundle.name))
         model.start()
         models[bundle.name] = model
-        if cfg.warmup:  # measured warm only: without warm-up the model counts as unmeasured and is packed
+        if cfg.warmup and measure:  # measured warm only: unmeasured, a model counts as 0 and is packed
             row_costs[bundle.name] = measure_row_cost(model)
     core = Core(models, metrics, address, parent, cfg.watchdog_s, row_costs)
     log.info("engine core ready", extra={"event": "engine_core_ready", "pid": os.getpid(), "models": sorted(models),

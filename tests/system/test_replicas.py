@@ -272,6 +272,8 @@ def test_background_work_runs_in_a_lowest_priority_replica_started_on_demand(sta
         assert [t.hypotheses[0].text for t in got.translations] == [t.hypotheses[0].text for t in alone.translations]
         background = core.background
         assert background is not None and background.pid not in core.pids
+        # placement never chooses it by row cost, so it measures none (0.0: unmeasured) and starts sooner
+        assert background.link.row_costs and set(background.link.row_costs.values()) == {0.0}
         for tid in os.listdir(f"/proc/{background.pid}/task"):  # the engine thread and ONNX Runtime's too
             assert os.getpriority(os.PRIO_PROCESS, int(tid)) == replicas.BACKGROUND_NICE
         assert srv.metric("nmt_output_tokens_total", model=MODEL, replica="background") > 0

@@ -200,9 +200,8 @@ class InPlaceDecoderStep(nn.Module):
             a = ffn_rows(layer.ffn, h)
             x = x + a if layer.pre_norm else layer.norm3(x + a)
             presents += [pk, pv, ck, cv]
-        # (B, V) straight from the projection: given as (B, 1, V), the graph's last node was an Unsqueeze that
-        # copied every row's logits once more into the engine's bound buffer (at 64 rows 2 MB per step, ~4% of
-        # the step, and the copy pushed the cache's rows out of the caches the attention reads them from).
+        # (B, V) straight from the projection into the engine's bound buffer: given as (B, 1, V), the graph's last
+        # node was an Unsqueeze that copied every row's logits once more (at 64 rows 2 MB, ~4% of the step).
         logits = m.logits_rows(x)  # (B, V)
         if m.final_logits_bias is not None:
             # Subtracted as its negation: the same float sum, but ONNX Runtime fuses a bias Add after a 2-D MatMul

@@ -64,7 +64,6 @@ def test_inplace_requested_without_the_graph_is_refused(bundle, tmp_path):
         OnnxModel(old, RuntimeOptions(provider="cpu", decoder="inplace"))
 
 
-
 def test_graphs_exported_with_a_step_axis_on_the_logits_still_serve(bundle, tmp_path):
     """Bundles exported before 2026-11-29 give the in-place step's logits as (B, 1, V) (a last Unsqueeze, since
     dropped: it copied them once more every step); the engine binds whichever the graph declares."""

@@ -64,13 +64,15 @@ class InPlaceStep:
         self.tokens = np.zeros((n, 1), dtype=np.int64)
         self.total = np.zeros((), dtype=np.int32)
         # The graph's logits have its cache's type (fp16 for the fp16 variant, converted whole), and stay where
-        # the cache is: on a device, greedy rows are chosen there (server/core/greedy.py). Graphs exported
-        # before 2026-11-29 give them as (B, 1, V), through an Unsqueeze that copied them once more every step.
+        # the cache is: on a device, greedy rows are chosen there (server/core/greedy.py). The buffer has the
+        # graph's declared shape, which is what gets bound: (B, V), or (B, 1, V) in graphs exported before
+        # 2026-11-29 (through an Unsqueeze that copied them once more every step); `rows` is it as (B, V).
         self.outputs = {o.name: o for o in session.get_outputs()}
-        self.step_axis = len(self.outputs["logits"].shape) == 3
-        shape, dtype = (n, 1, vocab_size) if self.step_axis else (n, vocab_size), np.dtype(cache.k.dtype)
+        shape = (n, 1, vocab_size) if len(self.outputs["logits"].shape) == 3 else (n, vocab_size)
+        dtype = np.dtype(cache.k.dtype)
         self.logits = lazy_zeros(shape, dtype) if cache.device == "cpu" else \
             device_zeros(shape, dtype, device_of(cache.k)[1])
+        self.rows = self.logits.reshape(n, vocab_size)  # a view of the same memory
         self.layers = cache.k.shape[0]
         self.on_device = cache.device != "cpu"
         # decoder_inplace.std.onnx only reads the cross buffers: it has no present_cross_* to bind
@@ -144,7 +146,7 @@ class InPlaceStep:
         settle(c.k)  # a device cache: the rows' writes (new rows, compaction, reorder) are done first
         self.session.run_with_iobinding(binding)
         c.advance(self.tokens[:b, 0])
-        return self.logits[:b, 0] if self.step_axis else self.logits[:b]
+        return self.rows[:b]
 
     def _run_bucket(self, b: int):
         """The step over the rows padded to their bucket; on a device, that bucket's CUDA graph."""
@@ -165,4 +167,4 @@ class InPlaceStep:
         settle(c.k)
         self.session.run_with_iobinding(binding, run)
         c.advance(self.tokens[:b, 0])
-        return self.logits[:b, 0] if self.step_axis else self.logits[:b]
+        return self.rows[:b]

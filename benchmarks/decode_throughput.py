@@ -8,6 +8,11 @@ test_2016_flickr.en), exactly --tokens target tokens per sentence for every
 engine (EOS suppressed until then), each engine in its own process (two
 OpenMP runtimes in one process slow each other down), and each engine at its
 best intra-op thread count among --threads. Writes a Markdown table to --out.
+
+CTranslate2 picks its CPU GEMM library itself: Intel MKL on Intel CPUs, oneDNN elsewhere
+(`CT2_USE_MKL` overrides it; `CT2_USE_EXPERIMENTAL_PACKED_GEMM` packs the weights for MKL).
+--ct2-backends runs each CTranslate2 engine under each named setting (BACKENDS), and every ratio
+is taken against the fastest of them at that batch size: the peer at its best on this CPU.
 """
 from __future__ import annotations
 
@@ -25,6 +30,10 @@ from benchmarks.harness import TEST_SOURCES, date_line, machine_line, rotations
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINES = ["torch-recompute", "torch-cache", "ort-fp32", "ort-int8", "ct2-float32", "ct2-int8"]
+# CTranslate2's GEMM library settings (environment variables its CPU backend reads at start-up).
+BACKENDS = {"default": {}, "mkl": {"CT2_USE_MKL": "1"},
+            "mkl-packed": {"CT2_USE_MKL": "1", "CT2_USE_EXPERIMENTAL_PACKED_GEMM": "1"},
+            "onednn": {"CT2_USE_MKL": "0"}}
 
 
 def batches_of(items: list, size: int) -> list[list]:
@@ -105,14 +114,39 @@ def prepare(args: argparse.Namespace, work: Path) -> dict[str, str]:
             "ct2-int8": str(convert(args.checkpoint, work / "ct2-int8", "int8"))}
 
 
-def spawn(args: argparse.Namespace, engine: str, threads: int, batch: int, ct2_dirs: dict) -> dict:
+def split_backend(cell: str) -> tuple[str, str]:
+    """"ct2-int8@mkl" -> ("ct2-int8", "mkl"); an engine without a suffix runs with the default setting."""
+    engine, _, backend = cell.partition("@")
+    return engine, backend or "default"
+
+
+def worker_env(threads: int, backend: str, base: dict | None = None) -> dict:
+    """A worker's environment: this one's without any CTranslate2 backend override it may carry (the cell
+    names its own), with the cell's override and `threads` OpenMP threads."""
+    env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith("CT2_USE_")}
+    return {**env, "OMP_NUM_THREADS": str(threads), **BACKENDS[backend]}
+
+
+def spawn(args: argparse.Namespace, cell: str, threads: int, batch: int, ct2_dirs: dict) -> dict:
+    engine, backend = split_backend(cell)
     cmd = [sys.executable, "-m", "benchmarks.decode_throughput", "--worker", engine, "--worker-threads", str(threads),
            "--batch", str(batch), "--checkpoint", args.checkpoint, "--bundle", args.bundle,
            "--src-file", args.src_file, "--sentences", str(args.sentences), "--tokens", str(args.tokens),
            "--ct2-dirs", json.dumps(ct2_dirs)]
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, check=True)
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=worker_env(threads, backend), check=True)
+    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "engine": cell, "backend": backend}
+
+
+def cells_of(engines: list[str], backends: list[str]) -> list[str]:
+    """Every engine to run: each CTranslate2 engine once per backend ("ct2-int8@mkl"; the default unsuffixed)."""
+    return [e if b == "default" else f"{e}@{b}" for e in engines for b in (backends if e.startswith("ct2") else
+                                                                           ["default"])]
+
+
+def best_ct2(results: dict, engine: str, batch: int) -> dict | None:
+    """The fastest backend's result of CTranslate2 engine `engine` at `batch` (None if none ran)."""
+    runs = [r for (cell, b), r in results.items() if b == batch and split_backend(cell)[0] == engine]
+    return max(runs, key=lambda r: r["tokens_per_s"]) if runs else None
 
 
 def measure(args: argparse.Namespace, ct2_dirs: dict, lengths: list[int]) -> dict:
@@ -122,14 +156,14 @@ def measure(args: argparse.Namespace, ct2_dirs: dict, lengths: list[int]) -> dic
     of a shared machine does not hit one engine alone.
     """
     runs: dict = {}  # (engine, batch, tokens, threads) -> results of every round
-    for rnd, order in enumerate(rotations(args.engines, args.repeats)):
+    for rnd, order in enumerate(rotations(cells_of(args.engines, args.ct2_backends), args.repeats)):
         for engine in order:
             for b in args.batch_sizes:
                 for n in lengths:
                     for t in args.threads:
                         args.tokens = n
                         r = spawn(args, engine, t, b, ct2_dirs)
-                        print(f"round {rnd + 1} {engine:16s} batch {b:3d} tokens {n:4d} threads {t}: "
+                        print(f"round {rnd + 1} {engine:24s} batch {b:3d} tokens {n:4d} threads {t}: "
                               f"{r['tokens_per_s']:8.0f} tok/s", file=sys.stderr)
                         runs.setdefault((engine, b, n, t), []).append(r)
     best: dict = {}
@@ -155,20 +189,28 @@ def render(results: dict, args: argparse.Namespace, versions: dict) -> str:
              machine_line(", ".join(f"{k} {v}" for k, v in versions.items())), "",
              "| engine | " + " | ".join(f"batch {b}" for b in batch_sizes) + " |",
              "|---|" + "---|" * len(batch_sizes)]
-    for engine in ENGINES:
+    for engine in cells_of([e for e in ENGINES if e in args.engines], args.ct2_backends):
         cells = []
         for b in batch_sizes:
             r = results.get((engine, b))
             cells.append(f"{r['tokens_per_s']:,.0f} ({r['threads']})" if r else "-")
-        lines.append(f"| {engine} | " + " | ".join(cells) + " |")
-    lines += ["", "Ratios (same run):", "",
-              "| ratio | " + " | ".join(f"batch {b}" for b in batch_sizes) + " |",
+        name = engine if "@" not in engine else f"{split_backend(engine)[0]}, `{split_backend(engine)[1]}`"
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    several = len(args.ct2_backends) > 1
+    lines += ["", "Ratios (same run" + ("; CTranslate2 at its fastest backend per batch size, named" if several else "")
+              + "):", "", "| ratio | " + " | ".join(f"batch {b}" for b in batch_sizes) + " |",
               "|---|" + "---|" * len(batch_sizes)]
     pairs = [("ort-fp32", "ct2-float32"), ("ort-int8", "ct2-int8"), ("ort-fp32", "torch-cache"),
              ("torch-cache", "torch-recompute")]
-    for a, b_ in pairs:
-        cells = [f"{results[(a, b)]['tokens_per_s'] / results[(b_, b)]['tokens_per_s']:.2f}x"
-                 if (a, b) in results and (b_, b) in results else "-" for b in batch_sizes]
+    for a, b_ in [(a, b_) for a, b_ in pairs if a in args.engines and b_ in args.engines]:
+        cells = []
+        for b in batch_sizes:
+            ref = best_ct2(results, b_, b) if b_.startswith("ct2") else results.get((b_, b))
+            if (a, b) not in results or ref is None:
+                cells.append("-")
+                continue
+            named = f" (`{ref['backend']}`)" if several and b_.startswith("ct2") else ""
+            cells.append(f"{results[(a, b)]['tokens_per_s'] / ref['tokens_per_s']:.2f}x{named}")
         lines.append(f"| {a} / {b_} | " + " | ".join(cells) + " |")
     lines += ["", "Token agreement with CTranslate2 float32 (same sentences, same forced length):", ""]
     for engine in ("torch-cache", "ort-fp32", "ort-int8", "ct2-int8"):
@@ -200,6 +242,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
     p.add_argument("--threads", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
     p.add_argument("--engines", type=lambda s: s.split(","), default=ENGINES)
+    p.add_argument("--ct2-backends", type=lambda s: s.split(","), default=["default"],
+                   help=f"CTranslate2's GEMM library settings to run each CTranslate2 engine under, of "
+                        f"{', '.join(BACKENDS)} (default: CTranslate2's own choice for this CPU only)")
     p.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "decode_throughput.md"))
     p.add_argument("--repeats", type=int, default=1,
                    help="rounds over all engines (rotating their order); each cell is the median round")
@@ -208,6 +253,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--batch", type=int, help=argparse.SUPPRESS)
     p.add_argument("--ct2-dirs", type=json.loads, default={}, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    unknown = [b for b in args.ct2_backends if b not in BACKENDS]
+    if unknown:
+        p.error(f"unknown --ct2-backends {', '.join(unknown)}; known: {', '.join(BACKENDS)}")
     if args.worker:
         print(json.dumps(run_worker(args)))
         return 0

@@ -1,0 +1,32 @@
+"""benchmarks/decode_throughput.py --ct2-backends: each CTranslate2 engine runs under each GEMM library
+setting, and every ratio is taken against the fastest setting at that batch size (the peer at its best)."""
+from __future__ import annotations
+
+from benchmarks.decode_throughput import BACKENDS, best_ct2, cells_of, split_backend, worker_env
+
+
+def test_only_ctranslate2_engines_multiply_by_backend():
+    cells = cells_of(["ort-fp32", "ct2-float32", "ct2-int8"], ["default", "mkl"])
+    assert cells == ["ort-fp32", "ct2-float32", "ct2-float32@mkl", "ct2-int8", "ct2-int8@mkl"]
+    assert [split_backend(c) for c in cells[1:3]] == [("ct2-float32", "default"), ("ct2-float32", "mkl")]
+
+
+def test_the_ratio_takes_the_fastest_backend_of_that_engine_and_batch():
+    results = {("ct2-int8", 1): {"tokens_per_s": 300.0, "backend": "default"},
+               ("ct2-int8@mkl", 1): {"tokens_per_s": 900.0, "backend": "mkl"},
+               ("ct2-int8", 32): {"tokens_per_s": 5000.0, "backend": "default"},
+               ("ct2-int8@mkl", 32): {"tokens_per_s": 4000.0, "backend": "mkl"},
+               ("ct2-float32@mkl", 32): {"tokens_per_s": 9999.0, "backend": "mkl"}}  # another engine: not taken
+    assert best_ct2(results, "ct2-int8", 1)["backend"] == "mkl"
+    assert best_ct2(results, "ct2-int8", 32)["tokens_per_s"] == 5000.0
+    assert best_ct2(results, "ct2-int8", 8) is None
+
+
+def test_a_worker_runs_under_its_cells_setting_and_no_inherited_one():
+    inherited = {"PATH": "/bin", "CT2_USE_MKL": "1", "CT2_USE_EXPERIMENTAL_PACKED_GEMM": "1"}
+    default = worker_env(1, "default", inherited)
+    assert default == {"PATH": "/bin", "OMP_NUM_THREADS": "1"}  # CTranslate2 chooses for this CPU itself
+    assert worker_env(2, "onednn", inherited) == {"PATH": "/bin", "OMP_NUM_THREADS": "2", "CT2_USE_MKL": "0"}
+    packed = worker_env(1, "mkl-packed", {})
+    assert packed["CT2_USE_MKL"] == "1" and packed["CT2_USE_EXPERIMENTAL_PACKED_GEMM"] == "1"
+    assert set(BACKENDS) >= {"default", "mkl", "mkl-packed", "onednn"}

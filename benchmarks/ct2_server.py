@@ -23,7 +23,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -35,6 +35,18 @@ from protos.nmt.v1 import translator_pb2_grpc as pb_grpc
 from server.detok import IncrementalDetokenizer
 
 MODEL_NAME = "ct2"
+# CTranslate2 chooses its CPU GEMM library itself (Intel MKL on Intel CPUs, oneDNN elsewhere); these settings
+# override the choice through the environment variables its CPU backend reads at start-up. The peer at its
+# best is the fastest of them on the machine at hand (docs/benchmarks/ct2_backends.md: on the AVX2 AMD EPYC,
+# CTranslate2's own choice).
+GEMM_BACKENDS = {"default": {}, "mkl": {"CT2_USE_MKL": "1"},
+                 "mkl-packed": {"CT2_USE_MKL": "1", "CT2_USE_EXPERIMENTAL_PACKED_GEMM": "1"},
+                 "onednn": {"CT2_USE_MKL": "0"}}
+
+
+def backend_env(backend: str, base: Mapping[str, str]) -> dict:
+    """`base` without any CTranslate2 override it carries (a setting names its own), with `backend`'s."""
+    return {**{k: v for k, v in base.items() if not k.startswith("CT2_USE_")}, **GEMM_BACKENDS[backend]}
 
 
 @dataclass

@@ -11,7 +11,8 @@ best intra-op thread count among --threads. Writes a Markdown table to --out.
 
 CTranslate2 picks its CPU GEMM library itself: Intel MKL on Intel CPUs, oneDNN elsewhere
 (`CT2_USE_MKL` overrides it; `CT2_USE_EXPERIMENTAL_PACKED_GEMM` packs the weights for MKL).
---ct2-backends runs each CTranslate2 engine under each named setting (BACKENDS), and every ratio
+--ct2-backends runs each CTranslate2 engine under each named setting (benchmarks/ct2_server.py's
+GEMM_BACKENDS), and every ratio
 is taken against the fastest of them at that batch size: the peer at its best on this CPU.
 """
 from __future__ import annotations
@@ -26,14 +27,12 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from benchmarks.ct2_server import GEMM_BACKENDS as BACKENDS
+from benchmarks.ct2_server import backend_env
 from benchmarks.harness import TEST_SOURCES, date_line, machine_line, rotations
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINES = ["torch-recompute", "torch-cache", "ort-fp32", "ort-int8", "ct2-float32", "ct2-int8"]
-# CTranslate2's GEMM library settings (environment variables its CPU backend reads at start-up).
-BACKENDS = {"default": {}, "mkl": {"CT2_USE_MKL": "1"},
-            "mkl-packed": {"CT2_USE_MKL": "1", "CT2_USE_EXPERIMENTAL_PACKED_GEMM": "1"},
-            "onednn": {"CT2_USE_MKL": "0"}}
 
 
 def batches_of(items: list, size: int) -> list[list]:
@@ -123,8 +122,7 @@ def split_backend(cell: str) -> tuple[str, str]:
 def worker_env(threads: int, backend: str, base: dict | None = None) -> dict:
     """A worker's environment: this one's without any CTranslate2 backend override it may carry (the cell
     names its own), with the cell's override and `threads` OpenMP threads."""
-    env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith("CT2_USE_")}
-    return {**env, "OMP_NUM_THREADS": str(threads), **BACKENDS[backend]}
+    return {**backend_env(backend, os.environ if base is None else base), "OMP_NUM_THREADS": str(threads)}
 
 
 def spawn(args: argparse.Namespace, cell: str, threads: int, batch: int, ct2_dirs: dict) -> dict:

@@ -12,7 +12,7 @@ Face directory goes through `python -m export --from-huggingface` (ours) and
 `ct2-transformers-converter` (CTranslate2, float32); both servers are driven by the same client code
 (benchmarks/serving_compare.py), alternating, and must produce the same tokens on 50 texts first.
 The peer is tuned as CTranslate2 advises: every --ct2-configs setting (replicas x intra-op threads,
-texts per batch; serving_compare's notation) runs in the same rotation and each load is compared
+texts per batch, GEMM library; serving_compare's notation) runs in the same rotation and each load is compared
 with the best of them.
 """
 from __future__ import annotations
@@ -30,6 +30,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from benchmarks.ct2_server import backend_env
 from benchmarks.serving_compare import best_ct2, ct2_config, default_ct2_configs, measure, median_of
 from benchmarks.harness import ServerProcess, date_line, free_port, machine_line, rotations, wait_serving
 
@@ -94,7 +95,8 @@ def start(kind: str, paths: dict, args) -> tuple[Callable[[], object], int, str]
     cmd = [sys.executable, "-m", "benchmarks.ct2_server", "--model", paths["ct2"], "--bundle", paths["bundle"],
            "--port", str(port), "--replicas", str(cfg["replicas"]), "--threads", str(cfg["threads"]),
            "--compute-type", "float32", "--max-batch", str(cfg["batch"]), "--max-delay-ms", str(cfg["delay_ms"])]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=backend_env(cfg["backend"], os.environ))
     return (lambda: (proc.terminate(), proc.wait(30))), proc.pid, f"127.0.0.1:{port}"
 
 
@@ -129,7 +131,7 @@ def render(res: dict, args, argv: list[str], same: int, n_same: int) -> str:
              f"Same tokens: {same}/{n_same} texts identical between the two servers (fp32).", "",
              "CT2 = benchmarks/ct2_server.py at its best setting for each load, out of "
              f"{', '.join(f'`{c}`' for c in args.ct2_configs)} (replicas x intra-op threads each, `-bB` texts per "
-             "batch; all in the same rotation).", "",
+             "batch, `@GEMM` a GEMM library other than CTranslate2's own choice; all in the same rotation).", "",
              "| load | ours tok/s | CT2 best tok/s (setting) | ours / CT2 | TTFT p50 ours / CT2 (ms) | "
              "server CPU µs/token ours / CT2 | CT2 tok/s by setting |", "|---|---|---|---|---|---|---|"]
     for c in ours["streams"]:
@@ -164,6 +166,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", default=str(ROOT / "docs/benchmarks/hf_compare.md"))
     args = p.parse_args(argv)
     args.ct2_configs = args.ct2_configs or default_ct2_configs(os.cpu_count() or 2, args.max_batch_size)
+    for spec in args.ct2_configs:
+        try:
+            ct2_config(spec, args.max_batch_size)  # a malformed setting fails here, not after the export
+        except ValueError as e:
+            p.error(f"--ct2-configs {spec}: {e}")
     texts = [t for t in CAPTIONS.read_text().splitlines() if t.strip()]
     with tempfile.TemporaryDirectory(prefix="hf-compare-") as tmp:
         print("building the model, exporting it and converting it for CTranslate2", file=sys.stderr, flush=True)

@@ -12,7 +12,7 @@ is the median over repeats. The server's CPU per output token comes from
 /proc/PID/stat, and the idle CPU from 5 s of doing nothing after warm-up.
 
 The peer is tuned as CTranslate2 advises, not taken at one setting: every --ct2-configs
-setting (replicas x intra-op threads per replica, texts per batch, wait for company) runs
+setting (replicas x intra-op threads per replica, texts per batch, wait for company, GEMM library) runs
 in the same rotation, and each load is compared with the best of them at that load
 (which one is named in the table).
 
@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
+from benchmarks.ct2_server import GEMM_BACKENDS, backend_env
 from benchmarks.harness import (TEST_SOURCES, ServerProcess, cpu_seconds, date_line, free_port, machine_line, rotations,
                                 wait_serving)
 
@@ -68,11 +69,16 @@ def prepare(work: Path, precisions: list[str]) -> dict:
 
 
 def ct2_config(spec: str, max_batch: int) -> dict:
-    """'RxT[-bB][-dD]': R replicas (inter_threads) x T intra-op threads each, B texts per batch (default
-    --max-batch-size), D ms of waiting for company (default 2)."""
+    """'RxT[-bB][-dD][@GEMM]': R replicas (inter_threads) x T intra-op threads each, B texts per batch (default
+    --max-batch-size), D ms of waiting for company (default 2), GEMM one of benchmarks/ct2_server.py's
+    GEMM_BACKENDS (default: CTranslate2's own choice for the CPU)."""
+    spec, _, backend = spec.partition("@")
+    if (backend or "default") not in GEMM_BACKENDS:
+        raise ValueError(f"unknown CTranslate2 GEMM setting {backend!r}; known: {', '.join(GEMM_BACKENDS)}")
     head, *rest = spec.split("-")
     replicas, threads = (int(x) for x in head.split("x"))
-    out = {"replicas": replicas, "threads": threads, "batch": max_batch, "delay_ms": 2.0}
+    out = {"replicas": replicas, "threads": threads, "batch": max_batch, "delay_ms": 2.0,
+           "backend": backend or "default"}
     for part in rest:
         key = {"b": "batch", "d": "delay_ms"}[part[0]]
         out[key] = float(part[1:]) if key == "delay_ms" else int(part[1:])
@@ -100,7 +106,8 @@ def start(kind: str, prec: str, paths: dict, args) -> tuple[Callable[[], object]
            paths["tokenizer"], "--port", str(port), "--replicas", str(cfg["replicas"]), "--threads",
            str(cfg["threads"]), "--compute-type", "int8" if prec == "int8" else "float32",
            "--max-batch", str(cfg["batch"]), "--max-delay-ms", str(cfg["delay_ms"])]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=backend_env(cfg["backend"], os.environ))
     return (lambda: (proc.terminate(), proc.wait(30))), proc.pid, f"127.0.0.1:{port}"
 
 
@@ -195,7 +202,8 @@ def render(results: dict, args, argv: list[str]) -> str:
              f"Median of {args.repeats} repeats, servers alternating; greedy decoding over test_2016_flickr.en.", "",
              "CT2 = benchmarks/ct2_server.py at its best setting for each load, out of "
              f"{', '.join(f'`{c}`' for c in args.ct2_configs)} (replicas x intra-op threads each, `-bB` texts per "
-             "batch, `-dD` ms of waiting for company; all in the same rotation).", ""]
+             "batch, `-dD` ms of waiting for company, `@GEMM` a GEMM library other than CTranslate2's own choice; all in "
+             "the same rotation).", ""]
     if args.before_flags:
         lines += [f"\"before\" is our server with `{args.before_flags}` (the previous code path), run in the "
                   "same rotation.", ""]
@@ -264,9 +272,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--unary-calls", type=int, default=8, help="calls per unary client")
     p.add_argument("--max-batch-size", type=int, default=64, help="decode slots (ours) / texts per batch (CT2)")
     p.add_argument("--ct2-configs", type=lambda s: s.split(","), default=None,
-                   help="CTranslate2 settings to try, each 'RxT[-bB][-dD]' (R replicas x T threads each, B texts per "
-                        "batch, D ms wait); each load is compared with the best. Default: 1xC, Cx1 and Cx1 with "
-                        "batches split, C = this machine's cores")
+                   help="CTranslate2 settings to try, each 'RxT[-bB][-dD][@GEMM]' (R replicas x T threads each, B texts "
+                        "per batch, D ms wait, GEMM one of default, mkl, mkl-packed, onednn: CTranslate2's GEMM "
+                        "library); each load is compared with the best. Default: 1xC, Cx1 and Cx1 with batches "
+                        "split, C = this machine's cores, each with CTranslate2's own GEMM choice")
     p.add_argument("--ours-flags", default="", help="extra flags for our server, e.g. '--stream-interval 4'")
     p.add_argument("--before-flags", default="",
                    help="also run our server with these flags as a third contender, e.g. '--decoder copy'")

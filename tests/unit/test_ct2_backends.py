@@ -1,8 +1,15 @@
-"""benchmarks/decode_throughput.py --ct2-backends: each CTranslate2 engine runs under each GEMM library
-setting, and every ratio is taken against the fastest setting at that batch size (the peer at its best)."""
+"""CTranslate2's GEMM library as part of the peer's tuning (benchmarks/ct2_server.py GEMM_BACKENDS).
+
+decode_throughput --ct2-backends runs each CTranslate2 engine under each setting and takes every ratio
+against the fastest at that batch size; serving_compare's and hf_compare's peer settings name one with
+'@GEMM', and the peer's process runs with that setting's environment and no inherited override."""
 from __future__ import annotations
 
+import pytest
+
+from benchmarks.ct2_server import GEMM_BACKENDS, backend_env
 from benchmarks.decode_throughput import BACKENDS, best_ct2, cells_of, split_backend, worker_env
+from benchmarks.serving_compare import ct2_config
 
 
 def test_only_ctranslate2_engines_multiply_by_backend():
@@ -30,3 +37,19 @@ def test_a_worker_runs_under_its_cells_setting_and_no_inherited_one():
     packed = worker_env(1, "mkl-packed", {})
     assert packed["CT2_USE_MKL"] == "1" and packed["CT2_USE_EXPERIMENTAL_PACKED_GEMM"] == "1"
     assert set(BACKENDS) >= {"default", "mkl", "mkl-packed", "onednn"}
+
+
+def test_a_served_peer_setting_names_its_gemm_library():
+    assert ct2_config("2x1-b32@mkl", 64) == {"replicas": 2, "threads": 1, "batch": 32, "delay_ms": 2.0,
+                                             "backend": "mkl"}
+    assert ct2_config("1x2", 64)["backend"] == "default"
+    with pytest.raises(ValueError, match="unknown CTranslate2 GEMM setting"):
+        ct2_config("2x1@blas", 64)
+
+
+def test_the_peers_environment_carries_its_setting_alone():
+    inherited = {"HOME": "/root", "CT2_USE_MKL": "0"}
+    assert backend_env("default", inherited) == {"HOME": "/root"}
+    assert backend_env("mkl-packed", inherited) == {"HOME": "/root", "CT2_USE_MKL": "1",
+                                                     "CT2_USE_EXPERIMENTAL_PACKED_GEMM": "1"}
+    assert BACKENDS is GEMM_BACKENDS  # one list of settings for the static and the served comparisons

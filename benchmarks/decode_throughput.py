@@ -12,8 +12,8 @@ best intra-op thread count among --threads. Writes a Markdown table to --out.
 CTranslate2 picks its CPU GEMM library itself: Intel MKL on Intel CPUs, oneDNN elsewhere
 (`CT2_USE_MKL` overrides it; `CT2_USE_EXPERIMENTAL_PACKED_GEMM` packs the weights for MKL).
 --ct2-backends runs each CTranslate2 engine under each named setting (benchmarks/ct2_server.py's
-GEMM_BACKENDS), and every ratio
-is taken against the fastest of them at that batch size: the peer at its best on this CPU.
+GEMM_BACKENDS), and every ratio is taken against the fastest of them at that batch size: the peer at its
+best on this CPU.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ blocks fill the buffer (capacity = length) the four cross-attention nodes took ~
 a gap of 4 positions or more after each block 600-800 µs, and inside a step, where the rest of the step
 has pushed the cache out, each row's block is read cold. ONNX Runtime's CPU provider has no attention
 kernel that takes per-row offsets or prefetches the next block; a native one would. Before building
-one into the graphs (a custom operator), this asks what it could gain: one cross-attention node's work
+one into the graphs (a custom operator), this asks what it could gain: one attention node's work
 (one query per row and head over its `--lengths` real entries) done by ONNX Runtime's
 GroupQueryAttention (benchmarks/studies/attention_ops.py's graph, IO-bound buffers) and by a plain C
 loop compiled here (`cc -O3 -march=native -ffast-math`, through ctypes) that prefetches the blocks
@@ -154,8 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     lo, _, hi = args.lengths.partition("-")
     span = (int(lo), int(hi or lo))
-    if max(args.capacity) < span[1]:
-        p.error(f"--capacity must hold {span[1]} entries")
+    if max(args.capacity) < span[1] or span[1] > 4096:  # the C loop keeps a row's scores on its stack: 4096
+        p.error(f"--capacity must hold {span[1]} entries, and the loop takes at most 4096")
     rng = np.random.default_rng(0)
     junk = rng.standard_normal(4 << 20).astype(np.float32)  # 16 MB
     with tempfile.TemporaryDirectory() as tmp:

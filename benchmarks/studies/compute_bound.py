@@ -8,9 +8,10 @@ on unary batches and at 64 streams, where the engine's ONNX Runtime passes are m
 Is that much left to take on this machine, and in which pass? Each pass's multiply-adds are counted from
 the bundle's config (every product, and attention over the rows' positions), its time is measured alone
 (the encoder over `--sources` sources of `--source-len` tokens; the in-place step at the server's cache
-shape, benchmarks/studies/inplace_device.py's step_ms, whose rows have 16-token sources), and the rate is set against the best this CPU
-reaches on a plain fp32 product of the model's own widest shape: ONNX Runtime's MatMul of the vocabulary
-projection (rows x d_model times d_model x vocabulary) at 256 rows, with the same threads. A pass near that
+shape, benchmarks/studies/inplace_device.py's step_ms, whose rows have 16-token sources), and the rate
+is set against what this CPU reaches on a plain fp32 product of the model's own widest shape: ONNX
+Runtime's MatMul of the vocabulary projection (rows x d_model times d_model x vocabulary) at 256 rows,
+with the same threads (tests/integration/test_compute_bound.py checks the count). A pass near that
 rate gets faster only with fewer or cheaper multiply-adds (int8 where the CPU's int8 pays); the distance
 below it is what a better kernel (attention, the small products, the nodes between them) could take.
 """
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bundle", default=str(newest_version(ROOT / "model_repository" / "multi30k-en-de-small")))
     p.add_argument("--rows", default="1,8,32,64", help="running rows per decode step")
     p.add_argument("--sources", type=int, default=8, help="sources per encoder pass")
-    p.add_argument("--source-len", type=int, default=16, help="tokens per source (the step's rows have as many)")
+    p.add_argument("--source-len", type=int, default=16, help="tokens per source of the encoder pass (the step's rows have 16: step_ms's)")
     p.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads")
     args = p.parse_args(argv)
     bundle = load_bundle(Path(args.bundle))

@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 import torch
 
 from benchmarks.ct2_server import backend_env
-from benchmarks.serving_compare import best_ct2, ct2_config, default_ct2_configs, measure, median_of
+from benchmarks.serving_compare import best_ct2, check_ct2_configs, ct2_config, default_ct2_configs, measure, median_of
 from benchmarks.harness import ServerProcess, date_line, free_port, machine_line, rotations, wait_serving
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,11 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", default=str(ROOT / "docs/benchmarks/hf_compare.md"))
     args = p.parse_args(argv)
     args.ct2_configs = args.ct2_configs or default_ct2_configs(os.cpu_count() or 2, args.max_batch_size)
-    for spec in args.ct2_configs:
-        try:
-            ct2_config(spec, args.max_batch_size)  # a malformed setting fails here, not after the export
-        except ValueError as e:
-            p.error(f"--ct2-configs {spec}: {e}")
+    check_ct2_configs(p, args.ct2_configs, args.max_batch_size)
     texts = [t for t in CAPTIONS.read_text().splitlines() if t.strip()]
     with tempfile.TemporaryDirectory(prefix="hf-compare-") as tmp:
         print("building the model, exporting it and converting it for CTranslate2", file=sys.stderr, flush=True)

@@ -85,6 +85,16 @@ def ct2_config(spec: str, max_batch: int) -> dict:
     return out
 
 
+def check_ct2_configs(parser: argparse.ArgumentParser, specs: Sequence[str], max_batch: int) -> None:
+    """Stop at the command line on a malformed --ct2-configs setting, not after an hour of runs (or, in
+    hf_compare, after the export)."""
+    for spec in specs:
+        try:
+            ct2_config(spec, max_batch)
+        except (ValueError, KeyError) as e:  # KeyError: a part other than -bB / -dD
+            parser.error(f"--ct2-configs {spec}: {e}")
+
+
 def default_ct2_configs(cores: int, max_batch: int) -> list[str]:
     """One replica on every core, a replica per core, and a replica per core with batches split between them."""
     out = [f"1x{cores}", f"{cores}x1", f"{cores}x1-b{max(1, max_batch // cores)}"]
@@ -286,8 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.src_file = str(ROOT / "tests/data/test_2016_flickr.head200.en")
     texts = Path(args.src_file).read_text(encoding="utf-8").splitlines()
     args.ct2_configs = args.ct2_configs or default_ct2_configs(os.cpu_count() or 2, args.max_batch_size)
-    for spec in args.ct2_configs:
-        ct2_config(spec, args.max_batch_size)  # a malformed setting fails here, not after an hour of runs
+    check_ct2_configs(p, args.ct2_configs, args.max_batch_size)
     kinds = ["ours", *(f"ct2:{spec}" for spec in args.ct2_configs)] + (["before"] if args.before_flags else [])
     raw: dict = {prec: {kind: [] for kind in kinds} for prec in args.precisions}
     with tempfile.TemporaryDirectory() as tmp:

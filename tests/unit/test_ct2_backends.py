@@ -5,11 +5,13 @@ against the fastest at that batch size; serving_compare's and hf_compare's peer 
 '@GEMM', and the peer's process runs with that setting's environment and no inherited override."""
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from benchmarks.ct2_server import GEMM_BACKENDS, backend_env
 from benchmarks.decode_throughput import BACKENDS, best_ct2, cells_of, split_backend, worker_env
-from benchmarks.serving_compare import ct2_config
+from benchmarks.serving_compare import check_ct2_configs, ct2_config
 
 
 def test_only_ctranslate2_engines_multiply_by_backend():
@@ -53,3 +55,11 @@ def test_the_peers_environment_carries_its_setting_alone():
     assert backend_env("mkl-packed", inherited) == {"HOME": "/root", "CT2_USE_MKL": "1",
                                                      "CT2_USE_EXPERIMENTAL_PACKED_GEMM": "1"}
     assert BACKENDS is GEMM_BACKENDS  # one list of settings for the static and the served comparisons
+
+
+def test_a_malformed_peer_setting_stops_at_the_command_line():
+    parser = argparse.ArgumentParser()
+    check_ct2_configs(parser, ["2x1@mkl", "1x2-b16-d4"], 64)  # well formed: nothing happens
+    for bad in ("2x1@blas", "2x1-z3", "2xq"):  # unknown GEMM setting, unknown part, not a number
+        with pytest.raises(SystemExit):
+            check_ct2_configs(parser, ["2x1", bad], 64)

@@ -23,10 +23,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from benchmarks.harness import machine_line
+from benchmarks.studies.attention_ops import make_session
 from benchmarks.studies.inplace_device import SOURCE_LEN, STEPS, step_ms
 from models.core.bundle import load_bundle, newest_version
 from models.core.runtime import OnnxModel, RuntimeOptions
@@ -71,11 +71,7 @@ def gemm_seconds(rows: int, d: int, vocab: int) -> float:
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, d])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, vocab])],
                               [numpy_helper.from_array(w, "w")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    so = ort.SessionOptions()
-    so.use_per_session_threads = False  # the engine's OnnxModel made the process's shared pool of `threads`
-    session = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    session = make_session(graph, {"": 17}, "cpu")  # on the shared pool of `threads` the engine's OnnxModel made
     x = np.random.default_rng(1).standard_normal((rows, d)).astype(np.float32)
     return timed(lambda: session.run(None, {"x": x}), 50)
 

@@ -31,7 +31,7 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto
 
-from benchmarks.studies.attention_ops import HEADS, HEAD_DIM, gqa
+from benchmarks.studies.attention_ops import HEADS, HEAD_DIM, bound_gqa
 
 KERNEL = r"""
 #include <math.h>
@@ -111,19 +111,7 @@ def measure(rows: int, span: tuple[int, int], cap: int, aheads: list[int], atten
         ref[r] = np.einsum("ht,htd->hd", w / w.sum(-1, keepdims=True), v[r, :, :n].astype(np.float64))
 
     # GroupQueryAttention as the step calls it: the row's last real entry as the "new" one, rewritten in place
-    g = gqa(rows, cap, TensorProto.FLOAT, "cpu")
-    binding = g.io_binding()
-    on = lambda x: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(x))  # noqa: E731
-    flat = lambda x: x.reshape(rows, 1, HEADS * HEAD_DIM)  # noqa: E731
-    last = lengths - 1
-    for name, x in (("q", flat(q)), ("k", flat(k[np.arange(rows), :, last])), ("v", flat(v[np.arange(rows), :, last])),
-                    ("sl", last), ("tot", np.array(cap, np.int32))):
-        binding.bind_ortvalue_input(name, on(x))
-    binding.bind_output("y", "cpu")
-    for name, x in (("pk", k), ("pv", v)):
-        value = on(x)
-        binding.bind_ortvalue_input(name, value)
-        binding.bind_ortvalue_output(name + "o", value)
+    g, binding = bound_gqa(q[:, :, None], k, v, lengths, TensorProto.FLOAT, "cpu")
     g.run_with_iobinding(binding)
     err = {"gqa": float(np.abs(binding.get_outputs()[0].numpy().reshape(rows, HEADS, HEAD_DIM) - ref).max())}
     out = {"gqa": timed_cold(lambda: g.run_with_iobinding(binding), junk)}

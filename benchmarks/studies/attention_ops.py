@@ -65,6 +65,29 @@ def attention(rows: int, cap: int, elem: int, provider: str) -> ort.InferenceSes
     return make_session(graph, {"": 24}, provider)
 
 
+def bound_gqa(q, k, v, lengths, elem: int, provider: str) -> tuple[ort.InferenceSession, ort.IOBinding]:
+    """GroupQueryAttention as the in-place step calls it, bound: q (R, H, 1, D) over k, v (R, H, C, D) of
+    which row r holds lengths[r] real entries, the last of them given as the "new" one and rewritten in
+    place (the buffers are bound as input and output). Its first output, y, is (R, 1, H * D)."""
+    rows, cap = k.shape[0], k.shape[2]
+    device = ("cuda", 0) if provider == "cuda" else ("cpu", 0)
+    flat = lambda x: np.ascontiguousarray(x.transpose(0, 2, 1, 3).reshape(rows, 1, HEADS * HEAD_DIM))  # noqa: E731
+    on = lambda x: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(x), *device)  # noqa: E731
+    last = lengths - 1
+    g = gqa(rows, cap, elem, provider)
+    bg = g.io_binding()
+    kv = {"pk": on(k), "pv": on(v)}
+    for name, x in (("q", flat(q)), ("k", flat(k[np.arange(rows), :, last][:, :, None])),
+                    ("v", flat(v[np.arange(rows), :, last][:, :, None])), ("sl", last.astype(np.int32)),
+                    ("tot", np.array(cap, np.int32))):
+        bg.bind_ortvalue_input(name, on(x))
+    bg.bind_output("y", device[0])  # first: get_outputs() follows the binding order
+    for name, value in kv.items():  # the buffer is both input and output: the op rewrites it in place
+        bg.bind_ortvalue_input(name, value)
+        bg.bind_ortvalue_output(name + "o", value)
+    return g, bg
+
+
 def measure(rows: int, cap: int, dtype: str, provider: str, rng) -> dict:
     np_t, elem = (np.float16, TensorProto.FLOAT16) if dtype == "fp16" else (np.float32, TensorProto.FLOAT)
     device = ("cuda", 0) if provider == "cuda" else ("cpu", 0)
@@ -77,21 +100,9 @@ def measure(rows: int, cap: int, dtype: str, provider: str, rng) -> dict:
         s = q[r].astype(np.float64) @ k[r, :, :n].astype(np.float64).transpose(0, 2, 1) / np.sqrt(HEAD_DIM)
         p = np.exp(s - s.max(-1, keepdims=True))
         ref[r] = (p / p.sum(-1, keepdims=True)) @ v[r, :, :n].astype(np.float64)
-    flat = lambda x: np.ascontiguousarray(x.transpose(0, 2, 1, 3).reshape(rows, 1, HEADS * HEAD_DIM))  # noqa: E731
-    last = lengths - 1
     on = lambda x: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(x), *device)  # noqa: E731
 
-    g = gqa(rows, cap, elem, provider)
-    bg = g.io_binding()
-    kv = {"pk": on(k), "pv": on(v)}
-    for name, x in (("q", flat(q)), ("k", flat(k[np.arange(rows), :, last][:, :, None])),
-                    ("v", flat(v[np.arange(rows), :, last][:, :, None])), ("sl", last.astype(np.int32)),
-                    ("tot", np.array(cap, np.int32))):
-        bg.bind_ortvalue_input(name, on(x))
-    bg.bind_output("y", device[0])  # first: get_outputs() follows the binding order
-    for name, value in kv.items():  # the buffer is both input and output: the op rewrites it in place
-        bg.bind_ortvalue_input(name, value)
-        bg.bind_ortvalue_output(name + "o", value)
+    g, bg = bound_gqa(q, k, v, lengths, elem, provider)
     a = attention(rows, cap, elem, provider)
     ba = a.io_binding()
     for name, x in (("Q", q), ("K", k), ("V", v), ("nonpad", lengths.astype(np.int64))):

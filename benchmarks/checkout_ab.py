@@ -9,11 +9,16 @@ The question every performance change has to answer on a noisy shared machine: i
 commit before, by more than the machine moves between runs? Each round starts each checkout's server
 (default flags, or --flags for both) with the harness, warms it with 3 s of 8 streams, then serves each
 level with `python -m client.loadgen` for --seconds (stream:N = N concurrent streams; unary:N = N
-clients sending 32-text Translate calls) and reads the server's CPU time from /proc over the level
+clients sending 32-text Translate calls; rate:R = streams arriving at R calls per second, the same
+Poisson arrivals for both sides) and reads the server's CPU time from /proc over the level
 (every process of it: frontend and engine replicas). The order alternates by round (ABBA for even
 --rounds), so neither side always runs first on a machine that drifts. Prints one line per level and
 round, then each level's per-round figures and medians, side by side. One checkout on both sides with
 --before-flags / --after-flags compares a setting instead of a change.
+
+Closed loops (stream:N, unary:N) offer a faster server more work: its latencies are then measured on a
+busier machine than the slower side's. Compare latencies (TTFT) at rate:R levels, where both sides are
+offered the same calls at the same moments.
 """
 from __future__ import annotations
 
@@ -22,7 +27,8 @@ import json
 import statistics
 from pathlib import Path
 
-from benchmarks.harness import ServerProcess, closed_loop, cpu_seconds, date_line, machine_line, rotations
+from benchmarks.harness import (ServerProcess, cpu_seconds, date_line, level_command, machine_line, rotations,
+                                serve_level)
 
 ROOT = Path(__file__).resolve().parents[1]
 WARM_S = 3
@@ -33,10 +39,10 @@ def serve_levels(root: Path, flags: list[str], levels: list[str], seconds: float
     """Start the server of checkout `root`, warm it, serve every level; {level: figures}."""
     results = {}
     with ServerProcess(*flags, metrics=False, root=root) as server:
-        closed_loop(server.target, "stream:8", WARM_S)
+        serve_level(server.target, "stream:8", WARM_S)
         for level in levels:
             before = cpu_seconds(server.pid)
-            figures = closed_loop(server.target, level, seconds, extra)
+            figures = serve_level(server.target, level, seconds, extra)
             cpu = cpu_seconds(server.pid) - before
             tokens = figures["output_tokens"]
             results[level] = {"tokens_per_s": figures["tokens_per_s"], "errors": figures["errors"],
@@ -54,7 +60,8 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=4, help="rounds; each serves both checkouts, order alternating")
     p.add_argument("--seconds", type=float, default=12.0, help="seconds of load per level")
     p.add_argument("--levels", default="stream:1,stream:8,stream:64,unary:4",
-                   help="comma-separated stream:N (N streams) and unary:N (N clients of 32-text calls)")
+                   help="comma-separated stream:N (N streams), unary:N (N clients of 32-text calls) and rate:R "
+                        "(streams arriving at R calls per second, Poisson, the same arrivals for both sides)")
     p.add_argument("--flags", default="", help="server flags for both sides (default: none, the defaults)")
     p.add_argument("--before-flags", default="", help="more server flags for the before side only")
     p.add_argument("--after-flags", default="", help="more server flags for the after side only (a flag's A/B: "
@@ -65,6 +72,11 @@ def main() -> int:
     args = p.parse_args()
     sides = {"before": args.before.resolve(), "after": args.after.resolve()}
     levels = args.levels.split(",")
+    for level in levels:
+        try:
+            level_command("", level, args.seconds)
+        except ValueError as e:
+            p.error(str(e))
     runs: dict[str, dict[str, list[dict]]] = {side: {level: [] for level in levels} for side in sides}
     print(date_line(), machine_line(), sep="\n", flush=True)
     for number, order in enumerate(rotations(list(sides), args.rounds), 1):
@@ -81,9 +93,12 @@ def main() -> int:
         for side in sides:
             rounds = runs[side][level]
             tps = [r["tokens_per_s"] for r in rounds]
+            ttft = [r["ttft_p50_ms"] for r in rounds if r["ttft_p50_ms"] is not None]
             print(f"{level:10s} {side:6s} tokens/s {' / '.join(f'{t:,.0f}' for t in tps)} (median "
                   f"{statistics.median(tps):,.0f}); µs CPU/token "
-                  f"{' / '.join(format(r['cpu_us_per_token'], ',.0f') for r in rounds)}")
+                  f"{' / '.join(format(r['cpu_us_per_token'], ',.0f') for r in rounds)}"
+                  + (f"; TTFT p50 ms {' / '.join(f'{t:.1f}' for t in ttft)} (median {statistics.median(ttft):.1f})"
+                     if ttft else ""))
         ratio = statistics.median(r["tokens_per_s"] for r in runs["after"][level]) / \
             statistics.median(r["tokens_per_s"] for r in runs["before"][level])
         print(f"{level:10s} after/before (medians) {ratio:.2f}x")

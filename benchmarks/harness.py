@@ -17,6 +17,8 @@ failed to start showed up as a timeout with its output thrown away. Here:
   Ports may be given, so a replica can be restarted on its own ports (the scale-out rotation).
 - `run_server(*flags)`: the server command run to its exit (start-up failures under test).
 - `cpu_seconds(pid)`, `wait_serving(async_client)`: a process's CPU time; SERVING seen by a client.
+- `serve_level(target, level, seconds)`: one load level served by `python -m client.loadgen` in its own
+  process: closed loops of streams or 32-text calls, or streams arriving at a fixed rate (`level_command`).
 - `rotations(names, rounds)`: each round's order, rotated, as every comparison here runs them.
 - `machine()`: what a report records about where it ran (CPU model, its vector extensions, cores,
   commit, date); `date_line()` and `machine_line()`: the `Date:` and `Machine:` lines every results
@@ -276,19 +278,41 @@ async def wait_serving(client, tries: int = 600) -> None:
 TEST_SOURCES = ROOT.parent / "shared" / "data" / "multi30k" / "test_2016_flickr.en"
 
 
-def closed_loop(target: str, level: str, seconds: float, extra: Sequence[str] = ()) -> dict:
-    """Serve one closed-loop level with `python -m client.loadgen` (its own process, as a caller would run
-    it): "stream:N" = N concurrent TranslateStream clients, "unary:N" = N clients of 32-text Translate calls,
-    over test_2016_flickr.en for `seconds`; `extra`: more loadgen flags (a later one wins). Returns the
-    loadgen's figures for the level (its --json `levels[0]`: tokens_per_s, output_tokens, ttft_ms, ...)."""
-    rpc, count = level.split(":")
+LEVEL_KINDS = ("stream", "unary", "rate")
+ARRIVAL_SEED = 1  # rate levels: every server of a comparison gets the same arrival times
+
+
+def level_command(target: str, level: str, seconds: float) -> list[str]:
+    """The `python -m client.loadgen` command of one load level, over test_2016_flickr.en for `seconds`:
+    "stream:N" = N concurrent TranslateStream clients and "unary:N" = N clients of 32-text Translate calls
+    (closed loops: each client sends its next call when the last ends, so a faster server is also offered
+    more); "rate:R" = TranslateStream calls arriving at R per second (an open loop: Poisson arrivals with a
+    fixed seed, the same for every server, so latencies compare at one offered load). ValueError on any
+    other level."""
+    kind, _, count = level.partition(":")
+    try:
+        number = float(count) if kind == "rate" else int(count)
+    except ValueError:
+        number = 0
+    if kind not in LEVEL_KINDS or not 0 < number < float("inf"):
+        raise ValueError(f"load level {level!r}: expected stream:N, unary:N (N clients) or rate:R (calls per "
+                         "second), each above 0")
     cmd = [sys.executable, "-m", "client.loadgen", "--target", target, "--src-file", str(TEST_SOURCES),
-           "--rpc", rpc, "--concurrency", count, "--duration", str(seconds), "--warmup", "0", "--quiet"]
-    if rpc == "unary":
-        cmd += ["--texts-per-call", "32"]
+           "--duration", str(seconds), "--warmup", "0", "--quiet"]
+    if kind == "rate":
+        return cmd + ["--rpc", "stream", "--rate", count, "--arrival", "poisson", "--seed", str(ARRIVAL_SEED)]
+    cmd += ["--rpc", kind, "--concurrency", count]
+    return cmd + (["--texts-per-call", "32"] if kind == "unary" else [])
+
+
+def serve_level(target: str, level: str, seconds: float, extra: Sequence[str] = ()) -> dict:
+    """Serve one load level (level_command) with the load generator in its own process, as a caller would
+    run it; `extra`: more loadgen flags (a later one wins). Returns the loadgen's figures for the level (its
+    --json `levels[0]`: tokens_per_s, output_tokens, ttft_ms, ...)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "level.json"
-        subprocess.run([*cmd, "--json", str(out), *extra], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([*level_command(target, level, seconds), "--json", str(out), *extra], cwd=ROOT, check=True,
+                       stdout=subprocess.DEVNULL)
         return json.loads(out.read_text())["levels"][0]
 
 

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from benchmarks.harness import closed_loop, descendants, machine, rotations, wait_serving
+from benchmarks.harness import serve_level, descendants, machine, rotations, wait_serving
 from benchmarks.serving_compare import prepare, start
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,9 +77,9 @@ def measure(kind: str, paths: dict, args) -> str:
     try:
         asyncio.run(_serving(target))
         level = f"stream:{args.streams}"
-        closed_loop(target, level, 3, loadgen_flags(args))  # warm-up
+        serve_level(target, level, 3, loadgen_flags(args))  # warm-up
         before = threads(pid)
-        figures = closed_loop(target, level, args.seconds, loadgen_flags(args))
+        figures = serve_level(target, level, args.seconds, loadgen_flags(args))
         after = threads(pid)
     finally:
         stop()

@@ -289,3 +289,23 @@ def test_module_entry_point():
     out = subprocess.run([sys.executable, "-m", "client.loadgen", "--help"], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0 and "--rate" in out.stdout and "--slo-ttft-ms" in out.stdout
+
+
+def test_benchmark_load_levels_run_as_the_load_generator(server):
+    """benchmarks/harness.py's levels (what checkout_ab and the studies serve) are commands the load generator
+    runs: closed loops of streams and of 32-text calls, and streams arriving at a seeded rate."""
+    from benchmarks.harness import ARRIVAL_SEED, level_command, serve_level
+    for level, mode in (("stream:2", "closed"), ("unary:1", "closed"), ("rate:8", "open")):
+        before = server_counts(server)
+        lv = serve_level(server.target, level, 1.0, ("--max-output-tokens", "6"))
+        assert lv["mode"] == mode and lv["errors"] == 0 and lv["requests"] > 0 and lv["output_tokens"] > 0
+        assert sum(delta(before, server_counts(server)).values()) == lv["sent"]
+        if level.startswith("unary"):
+            assert set(lv["calls"]) == {"Translate"} and lv["texts"] == 32 * lv["requests"]
+        else:
+            assert set(lv["calls"]) == {"TranslateStream"} and lv["ttft_ms"]["n"] == lv["requests"]
+    # A rate level's arrivals are the seeded schedule, the same for every server an A/B starts.
+    assert lv["offered_rps"] == 8.0 and lv["sent"] == len(arrival_times(8, seed=ARRIVAL_SEED, duration=1.0))
+    for bad in ("stream:0", "unary:x", "rate:-2", "rate:nan", "rate:inf", "burst:4", "stream"):
+        with pytest.raises(ValueError, match="load level"):
+            level_command(server.target, bad, 1.0)

@@ -9,8 +9,9 @@ the real one, and speed does not depend on the values. EOS and pad get a -1e4 lo
 text decodes exactly its output budget on both servers (the shared rule 1.5 x source tokens + 10;
 no forced EOS), equal lengths on both sides. The same Hugging
 Face directory goes through `python -m export --from-huggingface` (ours) and
-`ct2-transformers-converter` (CTranslate2, float32); both servers are driven by the same client code
-(benchmarks/serving_compare.py), alternating, and must produce the same tokens on 50 texts first.
+`ct2-transformers-converter` (CTranslate2, float32); both servers are driven by the same client code in
+serving_compare's rotation (all up at once, each load served to each in turn: run_rotation), and must
+produce the same tokens on 50 texts first.
 The peer is tuned as CTranslate2 advises: every --ct2-configs setting (replicas x intra-op threads,
 texts per batch, GEMM library; serving_compare's notation) runs in the same rotation and each load is compared
 with the best of them.
@@ -31,8 +32,9 @@ from typing import Callable, Sequence
 import torch
 
 from benchmarks.ct2_server import backend_env
-from benchmarks.serving_compare import best_ct2, check_ct2_configs, ct2_config, default_ct2_configs, measure, median_of
-from benchmarks.harness import ServerProcess, date_line, free_port, machine_line, rotations, wait_serving
+from benchmarks.serving_compare import (WARM_S, best_ct2, check_ct2_configs, ct2_config, default_ct2_configs, median_of,
+                                        paired_range, run_rotation, start_all, stop_all)
+from benchmarks.harness import ServerProcess, date_line, free_port, machine_line, wait_serving
 
 ROOT = Path(__file__).resolve().parents[1]
 CAPTIONS = ROOT / "tests/data/test_2016_flickr.head200.en"
@@ -108,16 +110,6 @@ async def tokens_of(target: str, texts: list[str], n: int) -> list[list[int]]:
         return [list(t.hypotheses[0].token_ids) for t in resp.translations]
 
 
-def run(kind: str, paths: dict, texts: list[str], args, check: bool = False):
-    stop, pid, target = start(kind, paths, args)
-    try:
-        if check:
-            return asyncio.run(tokens_of(target, texts, args.tokens))
-        return asyncio.run(measure(kind, target, pid, texts, args))
-    finally:
-        stop()
-
-
 def render(res: dict, args, argv: list[str], same: int, n_same: int) -> str:
     ours, base = res["ours"], best_ct2(res)
     peers = [k for k in res if k.startswith("ct2:")]
@@ -125,25 +117,30 @@ def render(res: dict, args, argv: list[str], same: int, n_same: int) -> str:
              f"Command: `python -m benchmarks.hf_compare {shlex.join(argv)}`", "",
              date_line(), "",
              machine_line("both servers and the client share it"), "",
-             f"Median of {args.repeats} repeats, servers alternating; greedy over the first 200 "
-             "test_2016_flickr captions, every text decoding its whole output budget (EOS never wins: see the "
-             "module docstring).", "",
+             "Every server up at once, each idle while another is measured; each load served to every server in "
+             f"turn, back to back (the order rotated by repeat): {WARM_S:g} s of it unmeasured, then {args.seconds:g} s "
+             f"measured. Cells are medians of {args.repeats} repeats; \"per repeat\" is the range of each repeat's "
+             "own ratio. Greedy over the first 200 test_2016_flickr captions, every text decoding its whole output "
+             "budget (EOS never wins: see the module docstring).", "",
              f"Same tokens: {same}/{n_same} texts identical between the two servers (fp32).", "",
              "CT2 = benchmarks/ct2_server.py at its best setting for each load, out of "
              f"{', '.join(f'`{c}`' for c in args.ct2_configs)} (replicas x intra-op threads each, `-bB` texts per "
              "batch, `@GEMM` a GEMM library other than CTranslate2's own choice; all in the same rotation).", "",
-             "| load | ours tok/s | CT2 best tok/s (setting) | ours / CT2 | TTFT p50 ours / CT2 (ms) | "
-             "server CPU µs/token ours / CT2 | CT2 tok/s by setting |", "|---|---|---|---|---|---|---|"]
+             "| load | ours tok/s | CT2 best tok/s (setting) | ours / CT2 | per repeat | TTFT p50 ours / CT2 (ms) | "
+             "server CPU µs/token ours / CT2 | CT2 tok/s by setting |", "|---|---|---|---|---|---|---|---|"]
     for c in ours["streams"]:
         o, b = ours["streams"][c], base["streams"][c]
         each = ", ".join(f"{res[k]['streams'][c]['tokens_per_s']:,.0f}" for k in peers)
         lines.append(f"| {c} streams | {o['tokens_per_s']:,.0f} | {b['tokens_per_s']:,.0f} (`{b['setting']}`) | "
-                     f"**{o['tokens_per_s'] / b['tokens_per_s']:.2f}** | {o['ttft_p50_ms']:.0f} / "
+                     f"**{o['tokens_per_s'] / b['tokens_per_s']:.2f}** | {paired_range(o['per_repeat'], b['per_repeat'])} | "
+                     f"{o['ttft_p50_ms']:.0f} / "
                      f"{b['ttft_p50_ms']:.0f} | {o['cpu_us_per_token']:.0f} / {b['cpu_us_per_token']:.0f} | {each} |")
     each = ", ".join(f"{res[k]['unary_tokens_per_s']:,.0f}" for k in peers)
     lines.append(f"| unary, {args.unary_texts} texts x {args.unary_clients} clients | "
                  f"{ours['unary_tokens_per_s']:,.0f} | {base['unary_tokens_per_s']:,.0f} (`{base['unary_setting']}`) | "
-                 f"**{ours['unary_tokens_per_s'] / base['unary_tokens_per_s']:.2f}** | | | {each} |")
+                 f"**{ours['unary_tokens_per_s'] / base['unary_tokens_per_s']:.2f}** | "
+                 f"{paired_range(ours['unary_per_repeat'], base['unary_per_repeat'])} | | "
+                 f"{ours['unary_cpu_us_per_token']:.0f} / {base['unary_cpu_us_per_token']:.0f} | {each} |")
     return "\n".join(lines) + "\n"
 
 
@@ -152,11 +149,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
     p.add_argument("--tokens", type=int, default=48, help="tokens decoded per text in the same-tokens check")
-    p.add_argument("--requests", type=int, default=96, help="streams per level (at least 2x the level)")
-    p.add_argument("--max-seconds", type=float, default=90.0, help="bound per level")
+    p.add_argument("--seconds", type=float, default=20.0,
+                   help="measured seconds per load and server (after 1 s of it unmeasured)")
     p.add_argument("--unary-texts", type=int, default=32)
     p.add_argument("--unary-clients", type=int, default=2)
-    p.add_argument("--unary-calls", type=int, default=2, help="calls per unary client")
     p.add_argument("--max-batch-size", type=int, default=32)
     p.add_argument("--ct2-threads", type=int, default=os.cpu_count() or 2)
     p.add_argument("--ct2-configs", type=lambda s: s.split(","), default=None,
@@ -172,14 +168,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("building the model, exporting it and converting it for CTranslate2", file=sys.stderr, flush=True)
         paths = prepare(Path(tmp))
         peers = [f"ct2:{c}" for c in args.ct2_configs]
-        a, b = run("ours", paths, texts[:50], args, check=True), run(peers[0], paths, texts[:50], args, check=True)
-        same = sum(x == y for x, y in zip(a, b))
-        print(f"same tokens: {same}/50", file=sys.stderr, flush=True)
-        runs: dict[str, list] = {"ours": [], **{k: [] for k in peers}}
-        for r, order in enumerate(rotations(("ours", *peers), args.repeats)):
-            for kind in order:
-                print(f"  repeat {r + 1}: {kind}", file=sys.stderr, flush=True)
-                runs[kind].append(run(kind, paths, texts, args))
+        servers = start_all(("ours", *peers), lambda kind: start(kind, paths, args))
+        try:
+            a, b = (asyncio.run(tokens_of(servers[k][2], texts[:50], args.tokens)) for k in ("ours", peers[0]))
+            same = sum(x == y for x, y in zip(a, b))
+            print(f"same tokens: {same}/50", file=sys.stderr, flush=True)
+            runs = run_rotation(servers, texts, args)
+        finally:
+            stop_all(servers)
     res = {k: median_of(v) for k, v in runs.items()}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

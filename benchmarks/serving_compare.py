@@ -6,9 +6,12 @@
 Both servers run as subprocesses on this machine behind the same nmt.v1 API and are
 driven by the same client code over loopback: greedy streams at each --concurrency
 level (TranslateStream, tokens/s and TTFT), and unary batches (--unary-texts texts per
-Translate call from --unary-clients clients, the pipeline-sidecar load). Repeats
-alternate the servers so slow drift of a shared machine hits both alike; each cell
-is the median over repeats. The server's CPU per output token comes from
+Translate call from --unary-clients clients, the pipeline-sidecar load), each load for
+--seconds. Every contender of a precision is started at once and waits idle while another
+is measured; each load is served to every contender back to back, the order rotated by
+repeat (run_rotation), so the figures a ratio divides are seconds apart and a shared
+machine's drift hits both alike. Each cell is the median over repeats, and the table gives
+the range of the per-repeat ratios beside it. The server's CPU per output token comes from
 /proc/PID/stat, and the idle CPU from 5 s of doing nothing after warm-up.
 
 The peer is tuned as CTranslate2 advises, not taken at one setting: every --ct2-configs
@@ -121,35 +124,55 @@ def start(kind: str, prec: str, paths: dict, args) -> tuple[Callable[[], object]
     return (lambda: (proc.terminate(), proc.wait(30))), proc.pid, f"127.0.0.1:{port}"
 
 
-async def measure(kind: str, target: str, pid: int, texts: list[str], args) -> dict:
+WARM_S = 1.0  # of each level's own load before it is measured
+IDLE_S = 5.0  # of doing nothing, for the idle CPU
+
+
+async def settle(target: str, pid: int, texts: list[str]) -> float:
+    """Wait for SERVING, warm the server up, then its CPU over IDLE_S of doing nothing (% of a core)."""
     from client.client import AsyncTranslatorClient
     from client.loadgen import grpc_stream, run_level
     async with AsyncTranslatorClient(target, timeout=300, retries=0) as client:
         await wait_serving(client)
-        stream = grpc_stream(client)
-        await run_level(stream, texts, 4, 16, 60)  # warm-up
+        await run_level(grpc_stream(client), texts, 4, 16, 60)
         c0 = cpu_seconds(pid)
-        await asyncio.sleep(5.0)
-        out = {"idle_cpu_percent": 100 * (cpu_seconds(pid) - c0) / 5.0, "streams": {}}
-        for c in args.concurrency:
+        await asyncio.sleep(IDLE_S)
+        return 100 * (cpu_seconds(pid) - c0) / IDLE_S
+
+
+async def measure_level(target: str, pid: int, texts: list[str], level, args) -> dict:
+    """One load on a warm server: `level` N = N closed-loop streams, "unary" = --unary-clients clients of
+    --unary-texts-text Translate calls. WARM_S of the same load first, unmeasured (a server that sat idle while
+    the others were measured meets its first calls with cold caches), then --seconds of it, in-flight calls
+    finishing. The cell: tokens/s, server CPU per output token, errors; for streams also TTFT p50 and e2e p90."""
+    from client.client import AsyncTranslatorClient
+    from client.loadgen import grpc_stream, run_level
+    async with AsyncTranslatorClient(target, timeout=300, retries=0) as client:
+        if level == "unary":
+            await unary_load(client, texts, args, WARM_S)
             c0 = cpu_seconds(pid)
-            res = (await run_level(stream, texts, c, max(args.requests, 2 * c), args.max_seconds)).summary()
-            res["server_cpu_us_per_token"] = 1e6 * (cpu_seconds(pid) - c0) / max(res["tokens"], 1)
-            out["streams"][c] = res
-            print(f"    {kind} {c} streams: {res['tokens_per_s']:.0f} tok/s", file=sys.stderr, flush=True)
-        out["unary"] = await unary_load(client, texts, args)
-        print(f"    {kind} unary: {out['unary']['tokens_per_s']:.0f} tok/s", file=sys.stderr, flush=True)
-    return out
+            cell = await unary_load(client, texts, args, args.seconds)
+        else:
+            stream = grpc_stream(client)
+            await run_level(stream, texts, level, None, WARM_S)
+            c0 = cpu_seconds(pid)
+            res = (await run_level(stream, texts, level, None, args.seconds)).summary()
+            cell = {"tokens": res["tokens"], "tokens_per_s": res["tokens_per_s"], "errors": res["errors"],
+                    "ttft_p50_ms": res["ttft_ms"]["p50"], "e2e_p90_ms": res["e2e_ms"]["p90"]}
+        cell["cpu_us_per_token"] = 1e6 * (cpu_seconds(pid) - c0) / max(cell["tokens"], 1)
+        return cell
 
 
-async def unary_load(client, texts: list[str], args) -> dict:
-    """--unary-clients clients, each sending --unary-calls Translate calls of --unary-texts texts."""
-    tokens, errors = 0, 0
+async def unary_load(client, texts: list[str], args, seconds: float) -> dict:
+    """--unary-clients clients, each sending Translate calls of --unary-texts texts until `seconds` have
+    passed (the calls in flight then finish and count)."""
+    tokens, errors, sent = 0, 0, 0
+    end = time.monotonic() + seconds
 
-    async def one_client(k: int) -> None:
-        nonlocal tokens, errors
-        for i in range(args.unary_calls):
-            start = (k * args.unary_calls + i) * args.unary_texts
+    async def one_client() -> None:
+        nonlocal tokens, errors, sent
+        while time.monotonic() < end:
+            start, sent = sent * args.unary_texts, sent + 1
             batch = [texts[(start + j) % len(texts)] for j in range(args.unary_texts)]
             try:
                 resp = await client.translate(batch)
@@ -157,45 +180,98 @@ async def unary_load(client, texts: list[str], args) -> dict:
             except Exception:  # noqa: BLE001 (counted)
                 errors += 1
     t0 = time.monotonic()
-    await asyncio.gather(*(one_client(k) for k in range(args.unary_clients)))
+    await asyncio.gather(*(one_client() for _ in range(args.unary_clients)))
     dt = time.monotonic() - t0
     return {"tokens": tokens, "seconds": dt, "tokens_per_s": tokens / dt, "errors": errors}
 
 
-def run_one(kind: str, prec: str, paths: dict, texts: list[str], args) -> dict:
-    stop, pid, target = start(kind, prec, paths, args)
+def levels_of(args) -> list:
+    return [*args.concurrency, "unary"]
+
+
+def run_rotation(servers: dict[str, tuple[Callable[[], object], int, str]], texts: list[str], args,
+                 label: str = "") -> dict[str, dict]:
+    """Every contender in `servers` (kind -> (stop, pid, target)), all started and each idle while another
+    is measured: each settles (warm-up, idle CPU), then every repeat serves each load to every contender back
+    to back, in the repeat's rotated order. The contenders' figures for one load are then seconds apart, not
+    the minutes a whole run of every load takes: a shared machine's drift (its speed moved by a quarter within
+    minutes on these virtual machines) falls on both sides of each ratio alike. Returns per kind
+    {"idle_cpu_percent", "levels": {level: [cell per repeat]}}."""
+    raw = {kind: {"idle_cpu_percent": asyncio.run(settle(target, pid, texts)),
+                  "levels": {level: [] for level in levels_of(args)}}
+           for kind, (_, pid, target) in servers.items()}
+    for rep, order in enumerate(rotations(list(servers), args.repeats)):
+        for level in levels_of(args):
+            for kind in order:
+                _, pid, target = servers[kind]
+                cell = asyncio.run(measure_level(target, pid, texts, level, args))
+                raw[kind]["levels"][level].append(cell)
+                name = "unary" if level == "unary" else f"{level} streams"
+                print(f"  repeat {rep + 1}/{args.repeats}{label}, {name}, {kind}: {cell['tokens_per_s']:,.0f} tokens/s",
+                      file=sys.stderr, flush=True)
+    return raw
+
+
+def start_all(kinds: Sequence[str], launch: Callable[[str], tuple]) -> dict[str, tuple]:
+    """Every contender launched (`launch(kind)` -> (stop, pid, target)); if one fails, those already up stop."""
+    servers: dict[str, tuple] = {}
     try:
-        return asyncio.run(measure(kind, target, pid, texts, args))
-    finally:
+        for kind in kinds:
+            servers[kind] = launch(kind)
+    except BaseException:
+        stop_all(servers)
+        raise
+    return servers
+
+
+def stop_all(servers: dict[str, tuple]) -> None:
+    for stop, _, _ in servers.values():
         stop()
 
 
-def median_of(runs: list[dict]) -> dict:
-    """Cell-wise median over repeats (tokens/s, TTFT p50, CPU per token, idle CPU)."""
-    med = lambda xs: statistics.median(xs)  # noqa: E731
-    out = {"idle_cpu_percent": med([r["idle_cpu_percent"] for r in runs]),
-           "unary_tokens_per_s": med([r["unary"]["tokens_per_s"] for r in runs]), "streams": {}}
-    for c in runs[0]["streams"]:
-        cells = [r["streams"][c] for r in runs]
-        out["streams"][c] = {"tokens_per_s": med([x["tokens_per_s"] for x in cells]),
-                             "ttft_p50_ms": med([x["ttft_ms"]["p50"] for x in cells]),
-                             "e2e_p90_ms": med([x["e2e_ms"]["p90"] for x in cells]),
-                             "cpu_us_per_token": med([x["server_cpu_us_per_token"] for x in cells]),
-                             "range": [min(x["tokens_per_s"] for x in cells), max(x["tokens_per_s"] for x in cells)],
+def median_of(raw: dict) -> dict:
+    """One contender's cell-wise medians over repeats (tokens/s, TTFT p50, e2e p90, CPU per token), each
+    stream load's range, and each load's tokens/s per repeat (for the paired ratios)."""
+    med = statistics.median
+    levels = raw["levels"]
+    unary = levels["unary"]
+    out = {"idle_cpu_percent": raw["idle_cpu_percent"], "streams": {},
+           "unary_tokens_per_s": med([x["tokens_per_s"] for x in unary]),
+           "unary_cpu_us_per_token": med([x["cpu_us_per_token"] for x in unary]),
+           "unary_per_repeat": [x["tokens_per_s"] for x in unary],
+           "unary_errors": sum(x["errors"] for x in unary)}
+    for c, cells in levels.items():
+        if c == "unary":
+            continue
+        tps = [x["tokens_per_s"] for x in cells]
+        out["streams"][c] = {"tokens_per_s": med(tps),
+                             "ttft_p50_ms": med([x["ttft_p50_ms"] for x in cells]),
+                             "e2e_p90_ms": med([x["e2e_p90_ms"] for x in cells]),
+                             "cpu_us_per_token": med([x["cpu_us_per_token"] for x in cells]),
+                             "range": [min(tps), max(tps)], "per_repeat": tps,
                              "errors": sum(x["errors"] for x in cells)}
     return out
 
 
+def paired_range(ours: list[float], peer: list[float]) -> str:
+    """The lowest and highest of the per-repeat ratios ours / peer (a repeat's two figures for one load are
+    measured seconds apart), as 'a-b'."""
+    ratios = [o / p for o, p in zip(ours, peer)]
+    return f"{min(ratios):.2f}-{max(ratios):.2f}"
+
+
 def best_ct2(res: dict) -> dict:
     """The CTranslate2 contender at its best per load: {"streams": {c: cell + setting}, "unary_tokens_per_s",
-    "unary_setting", "idle_cpu_percent"} over every ct2:SETTING in `res`."""
+    "unary_per_repeat", "unary_cpu_us_per_token", "unary_setting", "idle_cpu_percent"} over every ct2:SETTING
+    in `res` (median_of's results), the best chosen by its median."""
     peers = {kind.partition(":")[2]: r for kind, r in res.items() if kind.startswith("ct2:")}
     out = {"streams": {}}
     for c in next(iter(peers.values()))["streams"]:
         setting, r = max(peers.items(), key=lambda kv: kv[1]["streams"][c]["tokens_per_s"])
         out["streams"][c] = {**r["streams"][c], "setting": setting}
     setting, r = max(peers.items(), key=lambda kv: kv[1]["unary_tokens_per_s"])
-    out.update(unary_tokens_per_s=r["unary_tokens_per_s"], unary_setting=setting,
+    out.update(unary_tokens_per_s=r["unary_tokens_per_s"], unary_per_repeat=r["unary_per_repeat"],
+               unary_cpu_us_per_token=r["unary_cpu_us_per_token"], unary_setting=setting,
                idle_cpu_percent=min(p["idle_cpu_percent"] for p in peers.values()))
     return out
 
@@ -209,7 +285,10 @@ def render(results: dict, args, argv: list[str]) -> str:
              f"Command: `python -m benchmarks.serving_compare {shlex.join(argv)}`", "",
              date_line(), "",
              machine_line(f"Python {platform.python_version()}; both servers and the client share it"), "",
-             f"Median of {args.repeats} repeats, servers alternating; greedy decoding over test_2016_flickr.en.", "",
+             f"Every server up at once, each idle while another is measured; each load served to every server in "
+             f"turn, back to back (the order rotated by repeat): {WARM_S:g} s of it unmeasured, then {args.seconds:g} s "
+             f"measured. Cells are medians of {args.repeats} repeats; \"per repeat\" is the range of each repeat's own "
+             "ratio (its two figures seconds apart). Greedy decoding over test_2016_flickr.en.", "",
              "CT2 = benchmarks/ct2_server.py at its best setting for each load, out of "
              f"{', '.join(f'`{c}`' for c in args.ct2_configs)} (replicas x intra-op threads each, `-bB` texts per "
              "batch, `-dD` ms of waiting for company, `@GEMM` a GEMM library other than CTranslate2's own choice; all in "
@@ -222,9 +301,9 @@ def render(results: dict, args, argv: list[str]) -> str:
         peers = [k for k in res if k.startswith("ct2:")]
         extra_head, extra_rule = (" before tok/s | ours / before |", "---|---|") if before else ("", "")
         lines += [f"## {prec}", "",
-                  f"| load | ours tok/s | CT2 best tok/s (setting) | ours / CT2 |{extra_head} TTFT p50 ours / CT2 (ms) | "
-                  "e2e p90 ours / CT2 (ms) | server CPU µs/token ours / CT2 | CT2 tok/s by setting |",
-                  f"|---|---|---|---|{extra_rule}---|---|---|---|"]
+                  f"| load | ours tok/s | CT2 best tok/s (setting) | ours / CT2 | per repeat |{extra_head} TTFT p50 ours "
+                  "/ CT2 (ms) | e2e p90 ours / CT2 (ms) | server CPU µs/token ours / CT2 | CT2 tok/s by setting |",
+                  f"|---|---|---|---|---|{extra_rule}---|---|---|---|"]
         for c in ours["streams"]:
             o, b = ours["streams"][c], base["streams"][c]
             extra = ""
@@ -233,7 +312,8 @@ def render(results: dict, args, argv: list[str]) -> str:
                 extra = f" {x['tokens_per_s']:,.0f} | {o['tokens_per_s'] / x['tokens_per_s']:.2f} |"
             each = ", ".join(f"{res[k]['streams'][c]['tokens_per_s']:,.0f}" for k in peers)
             lines.append(f"| {c} streams | {o['tokens_per_s']:,.0f} | {b['tokens_per_s']:,.0f} (`{b['setting']}`) | "
-                         f"**{o['tokens_per_s'] / b['tokens_per_s']:.2f}** |{extra} {o['ttft_p50_ms']:.1f} / "
+                         f"**{o['tokens_per_s'] / b['tokens_per_s']:.2f}** | "
+                         f"{paired_range(o['per_repeat'], b['per_repeat'])} |{extra} {o['ttft_p50_ms']:.1f} / "
                          f"{b['ttft_p50_ms']:.1f} | {o['e2e_p90_ms']:.0f} / {b['e2e_p90_ms']:.0f} | "
                          f"{o['cpu_us_per_token']:.0f} / {b['cpu_us_per_token']:.0f} | {each} |")
         extra = (f" {before['unary_tokens_per_s']:,.0f} | "
@@ -241,7 +321,9 @@ def render(results: dict, args, argv: list[str]) -> str:
         each = ", ".join(f"{res[k]['unary_tokens_per_s']:,.0f}" for k in peers)
         lines.append(f"| unary, {args.unary_texts} texts x {args.unary_clients} clients | "
                      f"{ours['unary_tokens_per_s']:,.0f} | {base['unary_tokens_per_s']:,.0f} (`{base['unary_setting']}`) | "
-                     f"**{ours['unary_tokens_per_s'] / base['unary_tokens_per_s']:.2f}** |{extra} | | | {each} |")
+                     f"**{ours['unary_tokens_per_s'] / base['unary_tokens_per_s']:.2f}** | "
+                     f"{paired_range(ours['unary_per_repeat'], base['unary_per_repeat'])} |{extra} | | "
+                     f"{ours['unary_cpu_us_per_token']:.0f} / {base['unary_cpu_us_per_token']:.0f} | {each} |")
         lines += ["", f"Idle server CPU: ours {ours['idle_cpu_percent']:.1f}% of a core, "
                   f"CT2 server {base['idle_cpu_percent']:.1f}%"
                   + (f", before {before['idle_cpu_percent']:.1f}%" if before else "") + ".", ""]
@@ -275,11 +357,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--src-file", default=str(TEST_SOURCES))
     p.add_argument("--precisions", type=lambda s: s.split(","), default=["fp32", "int8"])
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32, 64])
-    p.add_argument("--requests", type=int, default=400, help="streams per level (at least 2x the level)")
-    p.add_argument("--max-seconds", type=float, default=60.0, help="bound per level")
+    p.add_argument("--seconds", type=float, default=10.0,
+                   help="measured seconds per load and server (after 1 s of it unmeasured)")
     p.add_argument("--unary-texts", type=int, default=32)
     p.add_argument("--unary-clients", type=int, default=4)
-    p.add_argument("--unary-calls", type=int, default=8, help="calls per unary client")
     p.add_argument("--max-batch-size", type=int, default=64, help="decode slots (ours) / texts per batch (CT2)")
     p.add_argument("--ct2-configs", type=lambda s: s.split(","), default=None,
                    help="CTranslate2 settings to try, each 'RxT[-bB][-dD][@GEMM]' (R replicas x T threads each, B texts "
@@ -298,15 +379,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.ct2_configs = args.ct2_configs or default_ct2_configs(os.cpu_count() or 2, args.max_batch_size)
     check_ct2_configs(p, args.ct2_configs, args.max_batch_size)
     kinds = ["ours", *(f"ct2:{spec}" for spec in args.ct2_configs)] + (["before"] if args.before_flags else [])
-    raw: dict = {prec: {kind: [] for kind in kinds} for prec in args.precisions}
+    raw: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         paths = prepare(Path(tmp), args.precisions)
-        for rep, order in enumerate(rotations(kinds, args.repeats)):
-            for prec in args.precisions:
-                for kind in order:
-                    print(f"repeat {rep + 1}/{args.repeats}, {prec}, {kind}:", file=sys.stderr, flush=True)
-                    raw[prec][kind].append(run_one(kind, prec, paths[prec], texts, args))
-    results = {prec: {kind: median_of(runs) for kind, runs in by.items()} for prec, by in raw.items()}
+        for prec in args.precisions:
+            print(f"{prec}: starting {', '.join(kinds)}", file=sys.stderr, flush=True)
+            servers = start_all(kinds, lambda kind: start(kind, prec, paths[prec], args))
+            try:
+                raw[prec] = run_rotation(servers, texts, args, f", {prec}")
+            finally:
+                stop_all(servers)
+    results = {prec: {kind: median_of(r) for kind, r in by.items()} for prec, by in raw.items()}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"results": results, "raw": raw}, indent=1))

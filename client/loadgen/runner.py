@@ -176,8 +176,9 @@ async def open_loop(send: SendFn, times: Sequence[float], *, hard_stop: Optional
 
 
 async def run_level(stream: Callable[[str], Awaitable[Sample]], texts: Sequence[str], concurrency: int,
-                    requests: int, max_seconds: float) -> LevelResult:
-    """`requests` streams in total over `concurrency` workers (none started after max_seconds).
+                    requests: Optional[int], max_seconds: float) -> LevelResult:
+    """`requests` streams in total over `concurrency` workers (none started after max_seconds; with
+    `requests` None, as many as max_seconds allows).
     The pre-package API, kept for benchmarks/serving_load.py: texts are used round-robin and
     an exception from `stream` counts as an error."""
     return await closed_loop(lambda i: stream(texts[i % len(texts)]), concurrency, requests=requests,

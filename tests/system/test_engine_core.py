@@ -142,6 +142,10 @@ def test_a_killed_core_fails_calls_unavailable_and_comes_back(start_server):
     with TranslatorClient(srv.target, timeout=120, retries=0) as client:
         before = [t.hypotheses[0].text for t in client.translate(texts).translations]
         old = core_pid(srv)
+        # 48 more rows make each step several times longer: no stream can decode its 250 tokens in the moments
+        # between its first message and the freeze below (with 8 rows alone, a test thread held up for a
+        # tenth of a second on a busy machine saw the first streams finish before it).
+        background = [client.translate_stream(t, **LONG) for t in texts * 3]
         streams = [client.translate_stream(t, **LONG) for t in texts[:8]]
         for s in streams:
             next(iter(s))  # each is decoding in the core
@@ -153,7 +157,8 @@ def test_a_killed_core_fails_calls_unavailable_and_comes_back(start_server):
             assert wait_for(lambda: len(srv.app.core.members[0].link.waiting) == 2)
             os.kill(old, signal.SIGKILL)
             codes = [f.result(60)[0] for f in ends] + [f.result(60) for f in unary]
-        assert codes == [grpc.StatusCode.UNAVAILABLE] * 10, codes  # every call answered, retryable
+        codes += [read_to_end(s)[0] for s in background]
+        assert codes == [grpc.StatusCode.UNAVAILABLE] * 58, codes  # every call answered, retryable
         assert client.health("liveness") == "SERVING"  # the frontend never went down
         t0 = time.monotonic()
         assert wait_for(lambda: client.health() == "SERVING" and core_pid(srv) != old, timeout=90)

@@ -112,6 +112,9 @@ def test_a_killed_frontend_loses_only_its_own_calls(start_server):
     (_, on_extra), (_, on_primary) = held[extra][0], held[me][0]
     produced = srv.metric("nmt_output_tokens_total", missing_ok=True)
     request = pb.TranslateStreamRequest(text="A dog runs on the beach.", options=options(**LONG))
+    # 24 more rows, through the primary, make each step several times longer: none of the four can decode its
+    # 250 tokens in the moments between its first message and the freeze below on a busy machine.
+    background = [on_primary.TranslateStream(request, timeout=120) for _ in range(24)]
     streams = [stub.TranslateStream(request, timeout=120) for stub in (on_extra, on_extra, on_primary, on_primary)]
     for s in streams:
         next(s)  # all four decoding in the core
@@ -122,12 +125,12 @@ def test_a_killed_frontend_loses_only_its_own_calls(start_server):
         assert wait_for(lambda: srv.metric("nmt_frontend_restarts_total") == 1)  # the core was told to forget it
     finally:
         os.kill(core, signal.SIGCONT)
-    ends = [read_to_end(s) for s in streams]
-    assert [code for code, _ in ends] == [grpc.StatusCode.UNAVAILABLE] * 2 + [grpc.StatusCode.OK] * 2
+    ends = [read_to_end(s) for s in streams + background]
+    assert [code for code, _ in ends] == [grpc.StatusCode.UNAVAILABLE] * 2 + [grpc.StatusCode.OK] * 26
     assert all(got[-1].output_tokens == 250 for _, got in ends[2:])
     srv.wait_idle()
-    # Only the primary's two streams were decoded to the end: the dead frontend's jobs were cancelled.
-    assert srv.metric("nmt_output_tokens_total") == produced + 500
+    # Only the primary's streams were decoded to the end: the dead frontend's jobs were cancelled.
+    assert srv.metric("nmt_output_tokens_total") == produced + 26 * 250
     assert wait_for(lambda: len(srv.app.frontends.pids) == 1 and srv.app.frontends.pids[0] != extra, timeout=60)
     with TranslatorClient(srv.target, timeout=60, retries=0) as client:
         assert client.translate(["A dog."]).translations[0].hypotheses[0].text

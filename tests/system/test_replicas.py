@@ -20,6 +20,8 @@ from tests.serving import flickr_sentences, read_to_end, wait_for
 
 MODEL = "multi30k-en-de-small"
 LONG = dict(max_output_tokens=250, min_output_tokens=250, temperature=5.0, seed=1)  # ~250 steps each
+# twice the steps (the model's limit is 511): the kill test's window, opening three streams, is milliseconds
+LONGER = dict(LONG, max_output_tokens=510, min_output_tokens=510)
 
 
 class Readiness:
@@ -134,7 +136,7 @@ def test_calls_without_a_stream_go_to_the_least_loaded_replica_whatever_the_mode
 
 def test_a_killed_replica_fails_only_its_own_calls_and_comes_back(start_server):
     srv = start_server(engine_core="process", engine_replicas=2, max_batch_size=3, runaway_guard=False,
-                       spread_row_cost_ms=1e9)
+                       spread_row_cost_ms=1e9, max_output_tokens=510)
     texts = flickr_sentences(8)
     with TranslatorClient(srv.target, timeout=120, retries=0) as client:
         before = [t.hypotheses[0].text for t in client.translate(texts, model=MODEL).translations]
@@ -142,12 +144,12 @@ def test_a_killed_replica_fails_only_its_own_calls_and_comes_back(start_server):
         victim = srv.app.core.members[0].pid
         for i, text in enumerate(texts[:6]):  # three fill replica 0's batch, three go to replica 1
             counts = [len(m.link.jobs) for m in srv.app.core.members]
-            stream = client.translate_stream(text, model=MODEL, **LONG)
+            stream = client.translate_stream(text, model=MODEL, **LONGER)
             next(iter(stream))  # decoding in its replica
             streams.append(stream)
             homes.append(replica_of(srv, counts))
-            if i == 2:  # replica 0's three rows wait for the kill where they are (250 steps take well under
-                os.kill(victim, signal.SIGSTOP)  # a second: they must not finish first); its jobs still count
+            if i == 2:  # replica 0's three rows wait for the kill where they are (they must not finish first:
+                os.kill(victim, signal.SIGSTOP)  # 510 steps, twice what they were); its jobs still count
         assert homes == [0, 0, 0, 1, 1, 1], homes
         with Readiness(srv.target) as health:
             os.kill(victim, signal.SIGKILL)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import queue
+import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -187,6 +188,8 @@ async def serve(args) -> None:
     await checker.set("", health_pb2.HealthCheckResponse.SERVING)
     print(f"ct2-server on {args.host}:{port} ({args.compute_type}, {args.replicas} replicas x {args.threads} "
           "threads)", flush=True)
+    # SIGTERM (the harness's stop) ends it cleanly, exit status 0, as the real server's drain does
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, lambda: asyncio.ensure_future(server.stop(1.0)))
     await server.wait_for_termination()
 
 

@@ -15,6 +15,8 @@ failed to start showed up as a timeout with its output thrown away. Here:
   SIGTERM, the server's drain, and a kill after the timeout (`drain=False`: kill at once). A log file
   the harness named itself is removed after a clean exit and kept (for the post-mortem) otherwise.
   Ports may be given, so a replica can be restarted on its own ports (the scale-out rotation).
+- `PeerProcess(*flags)`: the CTranslate2 peer (benchmarks/ct2_server.py) under the same lifecycle: a
+  free port, a log kept when it fails, SERVING awaited by the same health check, the same stop.
 - `run_server(*flags)`: the server command run to its exit (start-up failures under test).
 - `cpu_seconds(pid)`, `wait_serving(async_client)`: a process's CPU time; SERVING seen by a client.
 - `serve_level(target, level, seconds)`: one load level served by `python -m client.loadgen` in its own
@@ -180,6 +182,19 @@ class ServerProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class PeerProcess(ServerProcess):
+    """benchmarks/ct2_server.py with `flags` (its model, tokenizer, replicas, ...) on a free loopback port.
+    It has no metrics or HTTP endpoint; `env` carries its GEMM setting (ct2_server.backend_env)."""
+
+    def __init__(self, *flags: str, env: Optional[dict] = None, log_path: Optional[Path] = None):
+        super().__init__(*flags, metrics=False, env=env, log_path=log_path)
+
+    @property
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "benchmarks.ct2_server", "--host", "127.0.0.1", "--port", str(self.port),
+                *self.flags]
 
 
 def run_server(*flags: str, timeout: float = 120.0, env: Optional[dict] = None) -> subprocess.CompletedProcess:

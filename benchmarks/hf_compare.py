@@ -31,10 +31,9 @@ from typing import Callable, Sequence
 
 import torch
 
-from benchmarks.ct2_server import backend_env
-from benchmarks.serving_compare import (WARM_S, best_ct2, check_ct2_configs, ct2_config, default_ct2_configs, median_of,
-                                        paired_range, run_rotation, start_all, stop_all)
-from benchmarks.harness import ServerProcess, date_line, free_port, machine_line, wait_serving
+from benchmarks.serving_compare import (WARM_S, best_ct2, check_ct2_configs, default_ct2_configs, median_of,
+                                        paired_range, run_rotation, start_all, start_peer, stop_all)
+from benchmarks.harness import ServerProcess, date_line, machine_line, wait_serving
 
 ROOT = Path(__file__).resolve().parents[1]
 CAPTIONS = ROOT / "tests/data/test_2016_flickr.head200.en"
@@ -92,14 +91,8 @@ def start(kind: str, paths: dict, args) -> tuple[Callable[[], object], int, str]
                                "--runaway-guard", "false",  # random weights with EOS suppressed loop by design
                                metrics=False).launch()
         return (lambda: server.stop(timeout=30)), server.pid, server.target
-    cfg = ct2_config(kind.partition(":")[2] or f"1x{args.ct2_threads}", args.max_batch_size)
-    port = free_port()  # the CTranslate2 peer (benchmarks/ct2_server.py)
-    cmd = [sys.executable, "-m", "benchmarks.ct2_server", "--model", paths["ct2"], "--bundle", paths["bundle"],
-           "--port", str(port), "--replicas", str(cfg["replicas"]), "--threads", str(cfg["threads"]),
-           "--compute-type", "float32", "--max-batch", str(cfg["batch"]), "--max-delay-ms", str(cfg["delay_ms"])]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=backend_env(cfg["backend"], os.environ))
-    return (lambda: (proc.terminate(), proc.wait(30))), proc.pid, f"127.0.0.1:{port}"
+    return start_peer(kind.partition(":")[2] or f"1x{args.ct2_threads}", args.max_batch_size, "float32",
+                      "--model", paths["ct2"], "--bundle", paths["bundle"])
 
 
 async def tokens_of(target: str, texts: list[str], n: int) -> list[list[int]]:

@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from benchmarks.ct2_server import GEMM_BACKENDS, backend_env
-from benchmarks.harness import (TEST_SOURCES, ServerProcess, cpu_seconds, date_line, free_port, machine_line, rotations,
-                                wait_serving)
+from benchmarks.harness import (TEST_SOURCES, PeerProcess, ServerProcess, cpu_seconds, date_line, machine_line,
+                                rotations, wait_serving)
 
 ROOT = Path(__file__).resolve().parents[1]
 CKPT = ROOT / "models/pretrained/multi30k-en-de-small/model.pt"
@@ -113,15 +113,17 @@ def start(kind: str, prec: str, paths: dict, args) -> tuple[Callable[[], object]
         server = ServerProcess("--model-repository", paths["repo"], "--variant", prec, "--max-queue-size", "4096",
                                "--max-batch-size", str(args.max_batch_size), *flags.split(), metrics=False).launch()
         return (lambda: server.stop(timeout=30)), server.pid, server.target
-    cfg = ct2_config(kind.partition(":")[2], args.max_batch_size)
-    port = free_port()  # the CTranslate2 peer (benchmarks/ct2_server.py)
-    cmd = [sys.executable, "-m", "benchmarks.ct2_server", "--model", paths["ct2"], "--tokenizer",
-           paths["tokenizer"], "--port", str(port), "--replicas", str(cfg["replicas"]), "--threads",
-           str(cfg["threads"]), "--compute-type", "int8" if prec == "int8" else "float32",
-           "--max-batch", str(cfg["batch"]), "--max-delay-ms", str(cfg["delay_ms"])]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=backend_env(cfg["backend"], os.environ))
-    return (lambda: (proc.terminate(), proc.wait(30))), proc.pid, f"127.0.0.1:{port}"
+    return start_peer(kind.partition(":")[2], args.max_batch_size, "int8" if prec == "int8" else "float32",
+                      "--model", paths["ct2"], "--tokenizer", paths["tokenizer"])
+
+
+def start_peer(setting: str, max_batch: int, compute_type: str, *model: str) -> tuple[Callable[[], object], int, str]:
+    """The CTranslate2 peer at `setting` (ct2_config's form) serving `model` (its --model and tokenizer flags)."""
+    cfg = ct2_config(setting, max_batch)
+    peer = PeerProcess(*model, "--replicas", str(cfg["replicas"]), "--threads", str(cfg["threads"]),
+                       "--compute-type", compute_type, "--max-batch", str(cfg["batch"]),
+                       "--max-delay-ms", str(cfg["delay_ms"]), env=backend_env(cfg["backend"], os.environ)).launch()
+    return (lambda: peer.stop(timeout=30)), peer.pid, peer.target
 
 
 WARM_S = 1.0  # of each level's own load before it is measured

@@ -40,35 +40,21 @@ def test_unsupported_architectures_are_refused(tmp_path):
 def test_baseline_server_gives_our_servers_tokens(tmp_path):
     """benchmarks/ct2_server.py over the shipped model: the same tokens as our server, unary and
     streamed (the serving comparison is only fair if both do the same work)."""
-    import subprocess
-    import sys
-    import time
-
-    import grpc
-    from benchmarks.harness import free_port
+    from benchmarks.harness import PeerProcess
     from tests.serving import ROOT, ServerThread, flickr_sentences
 
     from client import TranslatorClient
 
     ckpt = ROOT / "models/pretrained/multi30k-en-de-small/model.pt"
     model_dir = convert(ckpt, tmp_path / "ct2")
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.ct2_server", "--model", str(model_dir),
-                             "--tokenizer", str(newest_version(ROOT / "model_repository/multi30k-en-de-small") / "tokenizer.json"),
-                             "--port", str(port), "--replicas", "2", "--threads", "1", "--max-batch", "8"], cwd=ROOT)
+    tokenizer = newest_version(ROOT / "model_repository/multi30k-en-de-small") / "tokenizer.json"
+    peer = PeerProcess("--model", str(model_dir), "--tokenizer", str(tokenizer), "--replicas", "2", "--threads", "1",
+                       "--max-batch", "8", log_path=tmp_path / "peer.log").start(timeout=60)
     ours = ServerThread(metrics_port=-1, warmup=False).start()
     texts = flickr_sentences(24)
     try:
-        with TranslatorClient(f"127.0.0.1:{port}", timeout=60, retries=0) as base, \
+        with TranslatorClient(peer.target, timeout=60, retries=0) as base, \
                 TranslatorClient(ours.target, timeout=60, retries=0) as mine:
-            end = time.monotonic() + 60
-            while True:
-                try:
-                    if base.health() == "SERVING":
-                        break
-                except grpc.RpcError:
-                    assert time.monotonic() < end and proc.poll() is None
-                    time.sleep(0.2)
             want = [t.hypotheses[0] for t in mine.translate(texts, return_tokens=True).translations]
             got = [t.hypotheses[0] for t in base.translate(texts, return_tokens=True).translations]
             assert [list(h.token_ids) for h in got] == [list(h.token_ids) for h in want]
@@ -78,9 +64,9 @@ def test_baseline_server_gives_our_servers_tokens(tmp_path):
                 assert msgs[-1].final and "".join(m.delta for m in msgs) == w.text
                 assert [t for m in msgs for t in m.token_ids] == list(w.token_ids)
     finally:
-        proc.terminate()
-        proc.wait(10)
         ours.stop()
+        status = peer.stop(timeout=10)
+    assert status == 0, peer.log_tail()  # SIGTERM ends the peer cleanly (a kill after 10 s would be -9)
 
 
 def test_alternatives_equal_ctranslate2_return_alternatives(tmp_path):

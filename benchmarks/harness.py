@@ -5,7 +5,8 @@ waiting and stopping, and there were seven copies of `free_port`. A flag added t
 HTTP port, which then bound 8080 in every one of them) had to be added to each, and a server that
 failed to start showed up as a timeout with its output thrown away. Here:
 
-- `free_port()`: a free loopback TCP port (the only copy in the repository).
+- `free_port()`: a free loopback TCP port outside the kernel's ephemeral range (the only copy in the
+  repository).
 - `ServerProcess(*flags)`: the server on loopback (127.0.0.1), started from the repository root;
   gRPC and metrics ports free unless given (`metrics=False`: no metrics endpoint), no HTTP port
   unless asked (`http_port=0`: a free one). Its output goes to a log file (a pipe nobody reads fills
@@ -31,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import random
 import signal
 import socket
 import subprocess
@@ -44,10 +46,46 @@ from typing import IO, Optional, Sequence
 ROOT = Path(__file__).resolve().parents[1]
 
 
+_EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_handed_out: set[int] = set()
+_pick = random.Random(os.getpid() ^ time.time_ns())
+
+
+def _outside_ephemeral() -> Optional[range]:
+    """The ports below the kernel's ephemeral range (or above it), where no outgoing connection takes one."""
+    try:
+        low, high = (int(x) for x in _EPHEMERAL.read_text().split())
+    except (OSError, ValueError):
+        return None  # not Linux: the OS's own pick below
+    if low - 20000 >= 2000:
+        return range(20000, low)
+    if 65535 - high >= 2000:
+        return range(high + 1, 65536)
+    return None
+
+
 def free_port() -> int:
-    """A loopback TCP port nobody listens on now (the OS picks it)."""
+    """A loopback TCP port nobody listens on now, and none this process has handed out before.
+
+    Taken outside the kernel's ephemeral range: a port the OS picks from inside it (bind to port 0) is
+    free only until a process opens an outgoing connection, and the servers a test starts open many
+    (one of three scale-out replicas once failed to bind its gRPC port, taken in the moment between
+    the pick and its bind). Outside the range only another explicit bind can take it."""
+    ports = _outside_ephemeral()
+    for _ in range(200 if ports else 0):
+        port = _pick.choice(ports)
+        if port in _handed_out:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # in use, or lingering from an earlier test
+        _handed_out.add(port)
+        return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
+        _handed_out.add(sock.getsockname()[1])
         return sock.getsockname()[1]
 
 

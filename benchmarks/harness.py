@@ -29,6 +29,7 @@ failed to start showed up as a timeout with its output thrown away. Here:
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -51,6 +52,7 @@ _handed_out: set[int] = set()
 _pick = random.Random(os.getpid() ^ time.time_ns())
 
 
+@functools.lru_cache(maxsize=1)
 def _outside_ephemeral() -> Optional[range]:
     """The ports below the kernel's ephemeral range (or above it), where no outgoing connection takes one."""
     try:
@@ -74,19 +76,24 @@ def free_port() -> int:
     ports = _outside_ephemeral()
     for _ in range(200 if ports else 0):
         port = _pick.choice(ports)
-        if port in _handed_out:
-            continue
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue  # in use, or lingering from an earlier test
-        _handed_out.add(port)
-        return port
+        if port not in _handed_out and bindable(port):  # not in use, nor lingering from an earlier test
+            _handed_out.add(port)
+            return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        _handed_out.add(sock.getsockname()[1])
-        return sock.getsockname()[1]
+        port = sock.getsockname()[1]
+    _handed_out.add(port)
+    return port
+
+
+def bindable(port: int) -> bool:
+    """Whether a loopback TCP socket can bind `port` now."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 class ServerProcess:

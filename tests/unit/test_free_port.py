@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.harness import free_port
+from benchmarks.harness import bindable, free_port
 
 RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
@@ -30,7 +30,7 @@ def test_a_port_someone_listens_on_is_never_handed_out(monkeypatch):
     back, then no port at all from the range (it is used up), so the OS's own pick."""
     from benchmarks import harness
     start = next(p for p in range(21000, 31000, 10)
-                 if all(_bindable(q) for q in range(p, p + 8)) and not set(range(p, p + 8)) & harness._handed_out)
+                 if all(bindable(q) for q in range(p, p + 8)) and not set(range(p, p + 8)) & harness._handed_out)
     listeners = []
     try:
         for port in range(start, start + 7):
@@ -45,11 +45,3 @@ def test_a_port_someone_listens_on_is_never_handed_out(monkeypatch):
         for sock in listeners:
             sock.close()
 
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False

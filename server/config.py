@@ -120,6 +120,12 @@ HELP = {
     "max_queue_size": "sentences waiting per model; a request that does not fit gets RESOURCE_EXHAUSTED; "
                       ">= --max-sentences-per-request",
     "stream_interval": "streams: the first token at once, then a message every N tokens; >= 1",
+    "visit_steps": "most decode steps per visit of the engine's host work when every running row is plain greedy: "
+                   "the steps run back to back, each step's ids fed to the next as an array, and the rows' "
+                   "bookkeeping, events and stream messages happen once per visit (a message then carries up to "
+                   "N tokens). The steps follow the load (one per 8 running rows, so 1 below 16 rows) and are 1 in "
+                   "the iteration that admits new rows (their first token goes out at once) or while work waits "
+                   "for a free slot; a visit ends early when a row ends and work waits. 1 = a visit per step; >= 1",
     "max_texts_per_request": "texts in one Translate or Embed call; >= 1",
     "max_text_chars": "characters per text (a text may be a whole document), checked before splitting; >= 1",
     "max_sentences_per_request": "sentences (decoded sequences) in one Translate/TranslateStream call, all its "
@@ -229,6 +235,7 @@ class ServerConfig:
     max_queue_delay_ms: float = 0.0  # idle engine: wait this long for company before encoding (Triton's default: 0)
     max_queue_size: int = 1024  # sentences waiting per model; beyond: RESOURCE_EXHAUSTED
     stream_interval: int = 1  # streams: first token at once, then a message every N tokens
+    visit_steps: int = 8  # most decode steps per host visit, plain greedy batches (server/core/loop.py)
     max_texts_per_request: int = 64
     max_text_chars: int = 50_000  # per text (a document), checked before splitting
     max_sentences_per_request: int = 512
@@ -367,7 +374,7 @@ class ServerConfig:
         message that says so.)
         """
         out = []
-        for name in ("port", "max_batch_size", "max_batch_tokens", "max_queue_size", "stream_interval",
+        for name in ("port", "max_batch_size", "max_batch_tokens", "max_queue_size", "stream_interval", "visit_steps",
                      "max_texts_per_request", "max_text_chars", "max_request_bytes", "max_source_tokens",
                      "max_output_tokens", "max_beam_size", "max_hypotheses", "workers", "max_sentences_per_request"):
             if getattr(self, name) < (0 if name == "port" else 1):

@@ -85,7 +85,7 @@ class HostedModel:
                                                                    length_ratio=cfg.runaway_length_ratio))
         self.engine = Engine(self.name, self.runtime, self.cache, metrics, cfg.max_encode_padding,
                              TokenChooser(rules.suppress_ids, rules.renormalize, spec.eos_id, spec.unk_id))
-        self.loop = EngineLoop(self.scheduler, self.engine, cfg.max_queue_delay_ms / 1000.0)
+        self.loop = EngineLoop(self.scheduler, self.engine, cfg.max_queue_delay_ms / 1000.0, cfg.visit_steps)
         for gauge in (metrics.running, metrics.waiting, metrics.kv_usage):
             gauge.labels(self.name).set(0)
 

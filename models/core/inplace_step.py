@@ -126,12 +126,14 @@ class InPlaceStep:
         _bind(binding, "logits", self.logits[:b], output=True)
         return binding
 
-    def run(self):
+    def run(self, tokens=None):
         """Decode every running row once -> logits (B, V) where the cache is, in the graph's type (host_float32
-        gives the host chooser's), a view valid until the next run."""
+        gives the host chooser's), a view valid until the next run. `tokens` (B,): the rows' inputs, when the
+        caller has them as an array (the steps of a visit after its first, Engine.decode_visit); None: each
+        row's own `token`."""
         c = self.cache
         b = c.used
-        self.tokens[:b, 0] = [r.token for r in c.rows]
+        self.tokens[:b, 0] = [r.token for r in c.rows] if tokens is None else tokens
         longest = int(c.length[:b].max())
         if longest >= c.max_target:
             raise RuntimeError(f"a row reached the cache's {c.max_target} positions")

@@ -8,7 +8,7 @@ it. Rows are decoded in slot order.
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import onnxruntime as ort
@@ -155,16 +155,49 @@ class Engine:
                 controls = RowControls.greedy(len(logits))
         return self.chooser.choose(host_float32(logits), controls, self.cache.inputs, self.cache.length)
 
+    def decode_visit(self, steps: int, remaining: np.ndarray, end_early: Callable[[bool], bool]) -> list[Choices]:
+        """Up to `steps` decode steps for rows that are all plain greedy (Scheduler.controls None), each step's
+        chosen ids fed to the next as an array: one visit of the host for several tokens per row (issue 58).
+        Returns each step's choices, in order; the scheduler applies them as one update (Scheduler.update_visit).
+
+        `remaining` (B,): each row's output tokens left before its length limit. A row that ends inside the
+        visit (EOS, or its limit) is decoded on with the rest until the visit ends and its later tokens are
+        dropped by the update: rows are batch-invariant, so the others' tokens are those of one step per visit.
+        After each step `end_early(a row ended in it)` may end the visit (work waits for a slot or for the
+        encoder). A step the greedy lane hands back (a non-finite or suppressed best) is the full chooser's
+        and ends the visit there. The visit never takes a row past the cache's last position."""
+        c = self.cache
+        b = c.used
+        steps = max(1, min(steps, c.max_target - 1 - int(c.length[:b].max())))
+        eos = self.spec.eos_id
+        ended = np.zeros(b, bool)
+        out: list[Choices] = []
+        token = None
+        for i in range(steps):
+            logits = self._step(token)
+            chosen = choose_greedy(logits, None, self.chooser.suppress)
+            if chosen is None:
+                out.append(self.chooser.choose(host_float32(logits), RowControls.greedy(b), c.inputs, c.length))
+                break
+            out.append(chosen)
+            token = chosen.token
+            now_ended = ~ended & ((token == eos) | (remaining <= i + 1))
+            ended |= now_ended
+            if end_early(bool(now_ended.any())):
+                break
+        return out
+
     def step_logits(self) -> np.ndarray:
         """One step for every running row -> logits (B, V) on the host, before any choice (parity tests)."""
         return host_float32(self._step())
 
-    def _step(self):
-        """One step for every running row -> logits (B, V) where the step left them."""
+    def _step(self, tokens: Optional[np.ndarray] = None):
+        """One step for every running row -> logits (B, V) where the step left them. `tokens` (B,): the rows'
+        inputs as an array (in-place step only; None: each row's own token)."""
         b = self.cache.used
         if self.inplace is not None:
             t0 = time.perf_counter()
-            logits = self.inplace.run()
+            logits = self.inplace.run(tokens)
             step_time = time.perf_counter() - t0
         else:
             inputs = self.cache.step_inputs()

@@ -16,13 +16,17 @@ from server.core.errors import Internal, Unavailable
 from server.core.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
+# A visit of several steps takes one step per this many running rows (steps_per_visit): below 16 rows every
+# token is a visit of its own, as before.
+ROWS_PER_STEP = 8
 
 
 class EngineLoop(threading.Thread):
-    def __init__(self, scheduler: Scheduler, engine: Engine, max_queue_delay: float = 0.002):
+    def __init__(self, scheduler: Scheduler, engine: Engine, max_queue_delay: float = 0.002, visit_steps: int = 1):
         super().__init__(name=f"engine-{engine.name}", daemon=True)
         self.scheduler, self.engine = scheduler, engine
         self.max_queue_delay = max_queue_delay
+        self.visit_steps = visit_steps  # most decode steps per visit (steps_per_visit)
         self.stopping = threading.Event()
         self.aborting = threading.Event()
         # Last time the loop went round (idle waits included): the watchdog's evidence of progress.
@@ -71,8 +75,34 @@ class EngineLoop(threading.Thread):
             return bool(scheduled.encode or scheduled.embed)
         # A step that raises here (the decoder itself) fails the rows in it (the caller's except); token
         # choice and each request's update contain their own failures to the rows concerned.
-        sched.update(engine.decode_step(sched.controls()), time.monotonic())
+        controls = sched.controls()
+        steps = self.steps_per_visit(controls)
+        if steps > 1 and scheduled.encode:  # the new rows' first tokens go out at once; the visit goes on after
+            sched.update(engine.decode_step(controls), time.monotonic())
+            relay.flush()
+            controls = sched.controls() if engine.cache.used else None
+            steps = self.steps_per_visit(controls) - 1 if engine.cache.used else 0
+        if steps == 1:
+            sched.update(engine.decode_step(controls), time.monotonic())
+        elif steps > 1:
+            sched.update_visit(engine.decode_visit(steps, sched.remaining(), self.end_visit), time.monotonic())
         return True
+
+    def steps_per_visit(self, controls) -> int:
+        """Decode steps this visit (issue 58): several only when every row is plain greedy (controls None) on
+        the in-place step, and then one per ROWS_PER_STEP running rows, up to --visit-steps (at a few rows a
+        message per token costs little, and a stream reads smoother); one while waiting work could take a
+        free slot now (it starts at the next iteration)."""
+        if self.visit_steps == 1 or controls is not None or self.engine.inplace is None:
+            return 1
+        if self.scheduler.waiting and self.engine.cache.free:
+            return 1
+        return max(1, min(self.visit_steps, self.engine.cache.used // ROWS_PER_STEP))
+
+    def end_visit(self, row_ended: bool) -> bool:
+        """After each step of a visit: end it when work waits and a slot is free or just came free (a row
+        ended): the waiting job starts at the next iteration instead of k - 1 steps later."""
+        return bool(self.scheduler.waiting) and (row_ended or self.engine.cache.free > 0)
 
     def admit(self, scheduled) -> None:
         """Encode the admitted jobs into fresh slots, embed the embedding jobs. A failure costs only

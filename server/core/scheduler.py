@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
+import numpy as np
+
 from models.core.beam import BeamState
 from models.core.kv_cache import Row, SlotCache
 from server.core.errors import Cancelled, DeadlineExceeded, Internal, InvalidArgument, ResourceExhausted, Unavailable
@@ -263,7 +265,73 @@ class Scheduler:
         self.cache.release(self._to_release)
         self._show_occupancy()
 
+    def remaining(self) -> np.ndarray:
+        """(B,) by slot: the output tokens each row may still write (a visit's rows are all plain: one row each)."""
+        out = np.zeros(self.cache.used, np.int64)
+        for state in self.running:
+            out[state.rows[0].slot] = state.job.max_len - len(state.tokens[0])
+        return out
+
+    def update_visit(self, steps: list[Choices], now: float) -> None:
+        """The choices of one visit's decode steps (Engine.decode_visit), every running request plain greedy:
+        one update for all of them. Each row takes its tokens in order until it ends (EOS, its length limit or
+        the runaway guard, checked after every token as one step at a time would), and what its stream holds
+        goes out once, in one message. Only the last step can have failed rows (the visit ends there)."""
+        if len(steps) == 1:
+            self.update(steps[0], now)
+            return
+        columns = np.stack([c.token for c in steps], axis=1).tolist()  # (B, steps): each slot's tokens in order
+        failed = steps[-1].failed
+        self._boosted = None
+        self._to_release, self._gaps = [], []
+        for state in list(self.running):
+            row = state.rows[0]
+            if failed is not None and failed[row.slot]:
+                self._fail_state(state, Internal(f"the model gave request {state.job.id} no usable scores "
+                                                 f"at decode step {state.step + len(steps) - 1} (NaN or infinite "
+                                                 "logits)"))
+                continue
+            try:
+                self._plain_update(state, row, columns[row.slot], now)
+            except Exception as e:  # noqa: BLE001
+                log.exception("request %s: its step update failed; it alone fails", state.job.id)
+                self._fail_state(state, Internal(f"internal error updating request {state.job.id}: {e}"))
+                continue
+            state.step += len(steps)
+        self.m.inter_token.observe_many(self._gaps)
+        self.cache.release(self._to_release)
+        self._show_occupancy()
+
     # -- internals ------------------------------------------------------------------
+    def _plain_update(self, state: Running, row: Row, tokens: list[int], now: float) -> None:
+        """_row_update's rules for a plain request (one greedy row, nothing forced, scored or pending) over
+        several tokens: the same outputs, ends and stream cuts as taking them one step at a time."""
+        job, out = state.job, state.tokens[0]
+        for tok in tokens:
+            if tok == self.eos_id:
+                state.live[0], state.ended_by_eos[0] = False, True
+                break
+            out.append(tok)
+            if job.stream:
+                state.unsent.append(tok)
+            tripped, tail = self.guard.check(out, len(job.src_ids))
+            state.kept[0] = max(state.kept[0], len(out) - tail)
+            if tripped:  # the loop's repeats go; one occurrence stays (docs/runaway.md)
+                state.live[0], state.guarded[0] = False, True
+                self.m.guarded_rows.inc()
+                cut = len(out) - state.kept[0]
+                if cut:
+                    del out[state.kept[0]:]
+                    if job.stream:
+                        del state.unsent[len(state.unsent) - cut:]
+                break
+            if len(out) >= job.max_len:
+                state.live[0] = False
+                break
+        else:
+            row.token = tokens[-1]  # still live: the visit's last token is its next input
+        self._after_tokens(state, [] if state.live[0] else [row], now)
+
     def _row_update(self, state: Running, tokens: list[int], logprobs: list[float], now: float) -> None:
         job = state.job
         finished_rows = []
@@ -313,6 +381,11 @@ class Scheduler:
                 finished_rows.append(row)
         if forced:
             return
+        self._after_tokens(state, finished_rows, now)
+
+    def _after_tokens(self, state: Running, finished_rows: list[Row], now: float) -> None:
+        """A non-beam request took this update's tokens: its stream's message, its ended rows, its answer."""
+        job = state.job
         self._observe_token(job, now)
         # Streams follow hypothesis 0: its first token at once, then every stream_interval tokens,
         # and whatever is held when it ends (before the FinishEvent). Tokens repeating the n-gram

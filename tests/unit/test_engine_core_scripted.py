@@ -202,7 +202,8 @@ class Bench:
     def __init__(self, runtime: ScriptedRuntime | None = None, slots: int = 6, max_queue: int = 32,
                  max_target: int = 40, stream_interval: int = 1, guard: bool = False,
                  rules: GenerationRules | None = None, suppress: tuple = (), renormalize: bool = False,
-                 max_encode_tokens: int = 256, max_encode_batch: int = 64, max_queue_delay: float = 0.0):
+                 max_encode_tokens: int = 256, max_encode_batch: int = 64, max_queue_delay: float = 0.0,
+                 visit_steps: int = 1):
         self.rt = runtime or ScriptedRuntime()
         self.metrics = Metrics()
         self.cache = SlotCache(SPEC, slots, 24, max_target)
@@ -213,7 +214,7 @@ class Bench:
                                guard=RunawayGuard(guard, min_span=12))
         self.engine = Engine("m", self.rt, self.cache, self.metrics, 0.15,
                              TokenChooser(suppress, renormalize, EOS, UNK))
-        self.loop = EngineLoop(self.sched, self.engine, max_queue_delay)
+        self.loop = EngineLoop(self.sched, self.engine, max_queue_delay, visit_steps)
         self.events: dict[int, list] = {}
 
     def job(self, src, max_len: int = 30, **kw) -> Job:

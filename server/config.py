@@ -123,9 +123,10 @@ HELP = {
     "visit_steps": "most decode steps per visit of the engine's host work when every running row is plain greedy: "
                    "the steps run back to back, each step's ids fed to the next as an array, and the rows' "
                    "bookkeeping, events and stream messages happen once per visit (a message then carries up to "
-                   "N tokens). The steps follow the load (one per 8 running rows, so 1 below 16 rows) and are 1 in "
-                   "the iteration that admits new rows (their first token goes out at once) or while work waits "
-                   "for a free slot; a visit ends early when a row ends and work waits. 1 = a visit per step; >= 1",
+                   "N tokens). As many steps as take about 5 ms (a step that long or longer is a visit of its "
+                   "own: the shipped model on a CPU), and one while work waits for a free slot; a new row's "
+                   "first token goes out alone, and a visit ends early when a row ends while work waits. 1 = a "
+                   "visit per step; >= 1",
     "max_texts_per_request": "texts in one Translate or Embed call; >= 1",
     "max_text_chars": "characters per text (a text may be a whole document), checked before splitting; >= 1",
     "max_sentences_per_request": "sentences (decoded sequences) in one Translate/TranslateStream call, all its "

@@ -79,6 +79,7 @@ class Engine:
         self._encoded_at: Optional[float] = None  # the last encoder run since the arena was given back
         self._trimmed_at = time.monotonic()  # trim_heap's last trim
         self._give_back_next_encode = False  # set by trim_heap: the next pass gives its arena growth back
+        self.step_seconds = 0.0  # recent decode steps' time, a moving average (EngineLoop.steps_per_visit)
 
     def give_back_idle(self, now: float) -> None:
         """With no work for IDLE_S: the cache's pages (SlotCache.give_back_idle), and the encoder's arena and
@@ -208,4 +209,5 @@ class Engine:
             logits = out[:, -1]
         self.m.step_time.observe(step_time)
         self.m.decode_batch.observe(b)
+        self.step_seconds += 0.2 * (step_time - self.step_seconds)  # a moving average: the loop's visits read it
         return logits

@@ -16,9 +16,11 @@ from server.core.errors import Internal, Unavailable
 from server.core.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
-# A visit of several steps takes one step per this many running rows (steps_per_visit): below 16 rows every
-# token is a visit of its own, as before.
-ROWS_PER_STEP = 8
+# A visit of several steps lasts about this long (steps_per_visit): a stream's tokens still go out at least
+# this often, and a step as long as this (the shipped model on a CPU at a few rows and more) is a visit of
+# its own, as before; where a step is short (a device, a small model) the host's work per step is what
+# decides, and several steps share it.
+VISIT_S = 0.005
 
 
 class EngineLoop(threading.Thread):
@@ -90,14 +92,14 @@ class EngineLoop(threading.Thread):
 
     def steps_per_visit(self, controls) -> int:
         """Decode steps this visit (issue 58): several only when every row is plain greedy (controls None) on
-        the in-place step, and then one per ROWS_PER_STEP running rows, up to --visit-steps (at a few rows a
-        message per token costs little, and a stream reads smoother); one while waiting work could take a
-        free slot now (it starts at the next iteration)."""
+        the in-place step, as many as fit in VISIT_S at the recent step time, up to --visit-steps; one while
+        waiting work could take a free slot now (it starts at the next iteration)."""
         if self.visit_steps == 1 or controls is not None or self.engine.inplace is None:
             return 1
         if self.scheduler.waiting and self.engine.cache.free:
             return 1
-        return max(1, min(self.visit_steps, self.engine.cache.used // ROWS_PER_STEP))
+        step = self.engine.step_seconds
+        return self.visit_steps if step <= 0 else max(1, min(self.visit_steps, int(VISIT_S / step)))
 
     def end_visit(self, row_ended: bool) -> bool:
         """After each step of a visit: end it when work waits and a slot is free or just came free (a row

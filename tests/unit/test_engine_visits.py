@@ -11,11 +11,19 @@ from __future__ import annotations
 
 import pytest
 
+from server.core import loop as loop_module
 from server.core.errors import Internal
 from server.core.request import FinishEvent, FinishReason, TokenEvent
 from tests.unit.test_engine_core_scripted import EOS, Bench, ScriptedRuntime, history_hash, loops
 
 pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(autouse=True)
+def short_steps(monkeypatch):
+    """Every scripted step counts as short (VISIT_S far above it): how many steps a visit takes is then
+    --visit-steps and the rules below, never the test machine's speed."""
+    monkeypatch.setattr(loop_module, "VISIT_S", 3600.0)
 
 
 def counted(bench: Bench) -> list[int]:
@@ -103,23 +111,28 @@ def test_a_row_without_usable_scores_fails_alone_and_ends_the_visit():
     assert max(steps) > 1 and many.cache.used == 0
 
 
-def test_few_rows_take_one_step_per_visit_and_more_rows_take_more():
-    _, _, few = serve(8, [{"src": list(range(10, 30)), "max_len": 20} for _ in range(12)], default=history_hash)
-    assert set(few) == {1}  # under 16 rows: a visit per step, as before
-    _, _, full = serve(8, [{"src": list(range(10, 30)), "max_len": 20} for _ in range(32)], default=history_hash)
-    assert max(full) == 4  # 32 rows: one step per 8 rows
+def test_a_step_as_long_as_a_visit_is_a_visit_of_its_own_and_short_steps_share_one(monkeypatch):
+    """Steps per visit = how many fit in VISIT_S at the recent step time, up to --visit-steps: a step that
+    long (the shipped model on a CPU at many rows) keeps one per visit, so its streams read as before."""
+    specs = [{"src": list(range(10, 30)), "max_len": 20} for _ in range(4)]
+    monkeypatch.setattr(loop_module, "VISIT_S", 0.0)  # every step "as long as a visit"
+    _, _, slow = serve(8, specs, default=history_hash)
+    assert set(slow) == {1}
+    monkeypatch.setattr(loop_module, "VISIT_S", 3600.0)  # every step short (as everywhere here): the cap decides
+    _, _, fast = serve(5, specs, default=history_hash)
+    assert fast[0] == 5 and max(fast) == 5  # the first step alone for the new rows, then 4 more: 5 a visit
 
 
 def test_work_waiting_for_a_free_slot_is_admitted_at_the_step_a_row_ends():
     """32 rows fill the cache and a 33rd text waits: the first iteration's visit (its first step alone for
-    the new rows, then up to 3 more) ends at the step the short row writes its last token, and the waiting
+    the new rows, then up to 7 more) ends at the step the short row writes its last token, and the waiting
     text starts in the next iteration, as with one step at a time."""
     specs = [{"src": list(range(10, 15)), "max_len": 20} for _ in range(31)] + [{"src": [50, 51, 52], "max_len": 3},
                                                                                  {"src": [60, 61, 62, 63]}]
     one, jobs_one, _ = serve(1, specs, slots=32, default=history_hash)
     many, jobs_many, steps = serve(8, specs, slots=32, default=history_hash)
     assert [outcome(one, j) for j in jobs_one] == [outcome(many, j) for j in jobs_many]
-    assert steps[:2] == [3, 4]  # 1 + 2 (cut at the short row's end), then 1 + 3 with nothing waiting
+    assert steps[:2] == [3, 8]  # 1 + 2 (cut at the short row's end), then 1 + 7 with nothing waiting
     assert many.rt.encoded[-1] == [(60, 61, 62, 63)]  # the waiting text: the last encoder pass
 
 

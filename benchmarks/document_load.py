@@ -17,7 +17,7 @@ first token (TTFT) p50 by more than 20%.
    work or state: a document job still translating (phase (b) deletes its job at the end, but a
    server that does not stop a deleted job's translation would go on with it), caches and slots
    filled by another phase's load.
-3. Interactive load: --streams closed-loop TranslateStream clients (client/loadgen.py) over
+3. Interactive load: --streams closed-loop TranslateStream clients (client/loadgen/) over
    test_2016_flickr.en, naming the en->de model, each call's TTFT (send to the first message carrying
    tokens) and latency (send to the call's end) recorded for --seconds.
 4. Rounds (--rounds, the phases' order rotated each round):

@@ -6,7 +6,7 @@
 Both modes run the same HostedModel code with the same settings, each in its
 own process: "in-process" drives the scheduler directly from asyncio (what
 the servicer does, minus gRPC); "grpc" starts `python -m server` and drives it
-with client/loadgen.py over loopback. Same sentences (test_2016_flickr.en),
+with client/loadgen/ over loopback. Same sentences (test_2016_flickr.en),
 same request count per level. Writes docs/benchmarks/serving_load.md and a
 PNG of the latency distributions.
 """

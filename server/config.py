@@ -119,14 +119,15 @@ HELP = {
     "max_queue_delay_ms": "with nothing running, wait this long for company before encoding a lone arrival; >= 0",
     "max_queue_size": "sentences waiting per model; a request that does not fit gets RESOURCE_EXHAUSTED; "
                       ">= --max-sentences-per-request",
-    "stream_interval": "streams: the first token at once, then a message every N tokens; >= 1",
+    "stream_interval": "streams: the first token at once, then messages of at least N tokens (a visit of several "
+                       "steps, --visit-steps, may send more at once); >= 1",
     "visit_steps": "most decode steps per visit of the engine's host work when every running row is plain greedy: "
                    "the steps run back to back, each step's ids fed to the next as an array, and the rows' "
                    "bookkeeping, events and stream messages happen once per visit (a message then carries up to "
-                   "N tokens). As many steps as take about 5 ms (a step that long or longer is a visit of its "
-                   "own: the shipped model on a CPU), and one while work waits for a free slot; a new row's "
-                   "first token goes out alone, and a visit ends early when a row ends while work waits. 1 = a "
-                   "visit per step; >= 1",
+                   "N tokens). As many steps as take about 5 ms (a step that long is a visit of its own: the "
+                   "shipped model on a CPU at a full batch), and one in the iteration that admits new rows (their "
+                   "first token goes out at once) or while work waits for a free slot; a visit ends early when a "
+                   "row ends while work waits. 1 = a visit per step; >= 1",
     "max_texts_per_request": "texts in one Translate or Embed call; >= 1",
     "max_text_chars": "characters per text (a text may be a whole document), checked before splitting; >= 1",
     "max_sentences_per_request": "sentences (decoded sequences) in one Translate/TranslateStream call, all its "
@@ -235,7 +236,7 @@ class ServerConfig:
     max_encode_padding: float = 0.15  # admitted texts are encoded in groups padded at most this much
     max_queue_delay_ms: float = 0.0  # idle engine: wait this long for company before encoding (Triton's default: 0)
     max_queue_size: int = 1024  # sentences waiting per model; beyond: RESOURCE_EXHAUSTED
-    stream_interval: int = 1  # streams: first token at once, then a message every N tokens
+    stream_interval: int = 1  # streams: first token at once, then messages of at least N tokens
     visit_steps: int = 8  # most decode steps per host visit, plain greedy batches (server/core/loop.py)
     max_texts_per_request: int = 64
     max_text_chars: int = 50_000  # per text (a document), checked before splitting

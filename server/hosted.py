@@ -173,7 +173,6 @@ class HostedModel:
     def stop(self, grace: float) -> None:
         self.loop.stop(grace)
 
-    # -- requests ------------------------------------------------------------------
     # -- languages -----------------------------------------------------------------------
     def serves(self, source: str, target: str) -> bool:
         return any((not source or s == source) and (not target or t == target) for s, t in self.bundle.languages.pairs)

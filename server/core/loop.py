@@ -17,8 +17,8 @@ from server.core.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 # A visit of several steps lasts about this long (steps_per_visit): a stream's tokens still go out at least
-# this often, and a step as long as this (the shipped model on a CPU at a few rows and more) is a visit of
-# its own, as before; where a step is short (a device, a small model) the host's work per step is what
+# this often, and a step as long as this (the shipped model on a CPU at a full batch) is a visit of its own,
+# as before; where a step is short (a few rows, a device, a small model) the host's work per step is what
 # decides, and several steps share it.
 VISIT_S = 0.005
 
@@ -78,23 +78,19 @@ class EngineLoop(threading.Thread):
         # A step that raises here (the decoder itself) fails the rows in it (the caller's except); token
         # choice and each request's update contain their own failures to the rows concerned.
         controls = sched.controls()
-        steps = self.steps_per_visit(controls)
-        if steps > 1 and scheduled.encode:  # the new rows' first tokens go out at once; the visit goes on after
-            sched.update(engine.decode_step(controls), time.monotonic())
-            relay.flush()
-            controls = sched.controls() if engine.cache.used else None
-            steps = self.steps_per_visit(controls) - 1 if engine.cache.used else 0
+        steps = self.steps_per_visit(scheduled, controls)
         if steps == 1:
             sched.update(engine.decode_step(controls), time.monotonic())
-        elif steps > 1:
+        else:
             sched.update_visit(engine.decode_visit(steps, sched.remaining(), self.end_visit), time.monotonic())
         return True
 
-    def steps_per_visit(self, controls) -> int:
+    def steps_per_visit(self, scheduled, controls) -> int:
         """Decode steps this visit (issue 58): several only when every row is plain greedy (controls None) on
-        the in-place step, as many as fit in VISIT_S at the recent step time, up to --visit-steps; one while
-        waiting work could take a free slot now (it starts at the next iteration)."""
-        if self.visit_steps == 1 or controls is not None or self.engine.inplace is None:
+        the in-place step, as many as fit in VISIT_S at the recent step time, up to --visit-steps. One in the
+        iteration that admitted rows (their first token goes out at its end, at once) and while waiting work
+        could take a free slot now (it starts at the next iteration)."""
+        if self.visit_steps == 1 or controls is not None or self.engine.inplace is None or scheduled.encode:
             return 1
         if self.scheduler.waiting and self.engine.cache.free:
             return 1

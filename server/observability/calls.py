@@ -34,7 +34,10 @@ _SANE_ID = re.compile(r"[\x21-\x7e]{1,128}")
 _SANE_ADDRESSES = re.compile(r"[\x20-\x7e]{1,256}")
 
 _current: contextvars.ContextVar[Optional["Call"]] = contextvars.ContextVar("nmt_call", default=None)
-_key_id_var = None  # server.security.auth.CALLER_KEY_ID once looked up; False where there is none
+# The authenticated API key id of the running call: set by server/security/auth.py's interceptor before the
+# servicer runs ("" without keys). Declared here, with the rest of the call's context, so that this module
+# imports nothing from security.
+CALLER_KEY_ID: contextvars.ContextVar[str] = contextvars.ContextVar("nmt_caller_key_id", default="")
 
 
 class Phases(NamedTuple):
@@ -175,14 +178,7 @@ def decoded(results: Iterable) -> None:
 
 def caller_key_id() -> str:
     """The authenticated API key id of the running call (server/security), "" without one."""
-    global _key_id_var
-    if _key_id_var is None:
-        try:
-            from server.security.auth import CALLER_KEY_ID
-            _key_id_var = CALLER_KEY_ID
-        except ImportError:  # no security module in this build
-            _key_id_var = False
-    return _key_id_var.get() if _key_id_var else ""
+    return CALLER_KEY_ID.get()
 
 
 def _rounded(seconds: Optional[float]) -> Optional[float]:

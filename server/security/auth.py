@@ -25,22 +25,21 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-from contextvars import ContextVar
 from typing import Callable, Optional
 
 import grpc
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from server.core.errors import bounded, shown
+from server.observability.calls import CALLER_KEY_ID
 from server.security.keys import ApiKey, KeyStore
 from server.security.ratelimit import Cost, RateLimiter, Refusal, estimate, reported
 from server.wire import Malformed
 
 log = logging.getLogger(__name__)
 
-# The authenticated caller's key id for the current RPC; "" when the call carried no key
-# (an open health check) or auth is off.
-CALLER_KEY_ID: ContextVar[str] = ContextVar("nmt_caller_key_id", default="")
+# CALLER_KEY_ID (server/observability/calls.py): the authenticated caller's key id for the current RPC, set
+# here; "" when the call carried no key (an open health check) or auth is off.
 
 OPEN_SERVICES = ("grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
                  "grpc.reflection.v1.ServerReflection")

@@ -132,7 +132,8 @@ def test_stream_concatenates_to_unary(server, client):
 
 def test_stream_interval_sends_chunks_that_still_add_up(start_server):
     srv = start_server(stream_interval=4, metrics_port=-1)
-    # Engine side, deterministic: the first token at once, then chunks of 4, the tail before the end.
+    # Engine side, deterministic: the first token at once, then chunks of at least 4 (a visit of several
+    # steps, --visit-steps, sends its tokens together), the tail before the end.
     model = srv.app.models["multi30k-en-de-small"]
     events, done = [], threading.Event()
 
@@ -146,7 +147,7 @@ def test_stream_interval_sends_chunks_that_still_add_up(start_server):
     assert done.wait(30)
     chunks = [len(e.token_ids) for e in events[:-1]]
     n = len(events[-1].hypotheses[0].tokens)
-    assert sum(chunks) == n and chunks[0] == 1 and all(c == 4 for c in chunks[1:-1]) and 1 <= chunks[-1] <= 4
+    assert sum(chunks) == n and chunks[0] == 1 and all(c >= 4 for c in chunks[1:-1]) and chunks[-1] >= 1
     # Through gRPC: the chunks still add up to the unary result, in about n/4 messages instead of n + 1
     # (fewer when a slow reader lets chunks pile up into one message).
     with TranslatorClient(srv.target, timeout=60) as c:

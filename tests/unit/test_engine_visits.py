@@ -80,6 +80,7 @@ def test_visits_give_every_request_the_tokens_of_one_step_per_visit():
 
 
 def test_a_new_rows_first_token_goes_out_alone_and_later_messages_carry_a_visits_tokens():
+    """The iteration that admits rows runs one step: their first tokens go out at its end, alone."""
     bench, jobs, steps = serve(8, [{"src": list(range(10, 30)), "max_len": 24, "stream": True}
                                    for _ in range(24)], default=history_hash)
     for job in jobs:
@@ -120,19 +121,19 @@ def test_a_step_as_long_as_a_visit_is_a_visit_of_its_own_and_short_steps_share_o
     assert set(slow) == {1}
     monkeypatch.setattr(loop_module, "VISIT_S", 3600.0)  # every step short (as everywhere here): the cap decides
     _, _, fast = serve(5, specs, default=history_hash)
-    assert fast[0] == 5 and max(fast) == 5  # the first step alone for the new rows, then 4 more: 5 a visit
+    assert fast[0] == 1 and max(fast) == 5  # the admitting iteration's step alone, then visits of 5
 
 
 def test_work_waiting_for_a_free_slot_is_admitted_at_the_step_a_row_ends():
-    """32 rows fill the cache and a 33rd text waits: the first iteration's visit (its first step alone for
-    the new rows, then up to 7 more) ends at the step the short row writes its last token, and the waiting
-    text starts in the next iteration, as with one step at a time."""
+    """32 rows fill the cache and a 33rd text waits: after the admitting iteration's one step, the visit
+    (up to 8 steps) ends at the step the short row writes its last token, and the waiting text starts in the
+    next iteration, as with one step at a time."""
     specs = [{"src": list(range(10, 15)), "max_len": 20} for _ in range(31)] + [{"src": [50, 51, 52], "max_len": 3},
                                                                                  {"src": [60, 61, 62, 63]}]
     one, jobs_one, _ = serve(1, specs, slots=32, default=history_hash)
     many, jobs_many, steps = serve(8, specs, slots=32, default=history_hash)
     assert [outcome(one, j) for j in jobs_one] == [outcome(many, j) for j in jobs_many]
-    assert steps[:2] == [3, 8]  # 1 + 2 (cut at the short row's end), then 1 + 7 with nothing waiting
+    assert steps[:4] == [1, 2, 1, 8]  # admitting; cut at the short row's end; admitting; a whole visit
     assert many.rt.encoded[-1] == [(60, 61, 62, 63)]  # the waiting text: the last encoder pass
 
 

@@ -26,6 +26,7 @@ import os
 import resource
 import shlex
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -124,6 +125,12 @@ def serve_side(root: Path, repository: Path, flags: list[str], levels: list[str]
     return results
 
 
+def commit_of(root: Path) -> str:
+    """The short commit a checkout is at (its working tree may differ: the page's Date line says which)."""
+    out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"
+
+
 def render(runs: dict, sides: dict, args, argv: list[str]) -> str:
     def med(side: str, level: str, key: str) -> float:
         values = [r.get(key, 0.0) for r in runs[side][level]]
@@ -135,6 +142,9 @@ def render(runs: dict, sides: dict, args, argv: list[str]) -> str:
              f"{args.output_tokens} output tokens; the server's default flags and `--runaway-guard false`"
              + (f", and `{args.flags}`" if args.flags else "") + ". "
              f"Medians of {args.rounds} rounds of {args.seconds:g} s per level, the sides alternating.", "",
+             "Sides: " + "; ".join(f"{side} = commit {commit_of(root)}" for side, root in sides.items())
+             + (f" (before's flags: `{args.before_flags}`)" if args.before_flags else "")
+             + (f" (after's flags: `{args.after_flags}`)" if args.after_flags else "") + ".", "",
              "| level | side | tokens/s | server µs CPU/token | frontend | engine core | load generator | "
              "TTFT p50 ms | errors |", "|---|---|---|---|---|---|---|---|---|"]
     for level in args.levels.split(","):

@@ -126,8 +126,8 @@ HELP = {
                    "bookkeeping, events and stream messages happen once per visit (a message then carries up to "
                    "N tokens). As many steps as take about 5 ms (a step that long is a visit of its own: the "
                    "shipped model on a CPU at a full batch), and one in the iteration that admits new rows (their "
-                   "first token goes out at once) or while work waits for a free slot; a visit ends early when a "
-                   "row ends while work waits. 1 = a visit per step; >= 1",
+                   "first token goes out at once) or while work waits for a free slot; a visit ends at the step "
+                   "any row ends (its answer is not held). 1 = a visit per step; >= 1",
     "max_texts_per_request": "texts in one Translate or Embed call; >= 1",
     "max_text_chars": "characters per text (a text may be a whole document), checked before splitting; >= 1",
     "max_sentences_per_request": "sentences (decoded sequences) in one Translate/TranslateStream call, all its "

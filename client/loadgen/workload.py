@@ -17,6 +17,7 @@ A mix is a list of weighted entries, from a JSON/YAML file, inline JSON/YAML, or
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import math
 import random
@@ -26,9 +27,12 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from client.client import options as decoding_options
+
 RPCS = {"stream": "TranslateStream", "unary": "Translate"}
-OPTION_KEYS = ("beam_size", "length_penalty", "temperature", "top_k", "top_p", "seed", "max_output_tokens",
-               "num_hypotheses")
+# Every DecodingOptions field, as the client library's options() names them (tests/unit/test_request_options.py
+# checks those against the .proto): a mix entry may set any of them.
+OPTION_KEYS = tuple(inspect.signature(decoding_options).parameters)
 ALIASES = {"beam": "beam_size", "max_tokens": "max_output_tokens", "n": "num_hypotheses"}
 ENTRY_KEYS = ("name", "weight", "rpc", "texts", "model", "timeout", "options")
 ARRIVALS = ("poisson", "gamma", "constant")

@@ -161,11 +161,11 @@ class Engine:
         chosen ids fed to the next as an array: one visit of the host for several tokens per row (issue 58).
         Returns each step's choices, in order; the scheduler applies them as one update (Scheduler.update_visit).
 
-        `remaining` (B,): each row's output tokens left before its length limit. A row that ends inside the
-        visit (EOS, or its limit) is decoded on with the rest until the visit ends and its later tokens are
-        dropped by the update: rows are batch-invariant, so the others' tokens are those of one step per visit.
-        After each step `end_early(a row ended in it)` may end the visit (work waits for a slot or for the
-        encoder). A step the greedy lane hands back (a non-finite or suppressed best) is the full chooser's
+        `remaining` (B,): each row's output tokens left before its length limit. After each step
+        `end_early(a row ended in it: EOS or its limit)` may end the visit (EngineLoop.end_visit). A row that
+        ends where the engine cannot see it (the runaway guard) is decoded on with the rest until the visit
+        ends and its later tokens are dropped by the update: rows are batch-invariant, so the others' tokens
+        are those of one step per visit. A step the greedy lane hands back (a non-finite or suppressed best) is the full chooser's
         and ends the visit there. The visit never takes a row past the cache's last position."""
         c = self.cache
         b = c.used

@@ -84,10 +84,8 @@ class Outbox:
         self.gone = False  # the frontend died (its connection ended, or Forget): drop what comes
         self.main_due = False  # posted off the engine thread: the main thread sends it
         # A job's first tokens and its end go out at once, held or not: back-pressure merges the
-        # tokens in between, never delays a stream's first token (TTFT) or a unary call's answer. Only
-        # those jobs' items go while held: under a closed loop some job starts or ends at nearly every
-        # step, and sending every stream's merged tokens with them left back-pressure nothing to merge.
-        self.urgent: set[int] = set()  # jobs with a first token or an end among the items
+        # tokens in between, never delays a stream's first token (TTFT) or a unary call's answer.
+        self.urgent = False
         self.started: set[int] = set()  # jobs whose first tokens were sent
         self.jobs: dict[int, Job | EmbedJob] = {}  # its jobs in the core, until their terminal event
 
@@ -97,20 +95,17 @@ class Outbox:
                 at = self.tokens_at.get(item.id)
                 if at is not None:
                     self.items[at].token_ids.extend(item.token_ids)
-                else:
-                    self.tokens_at[item.id] = len(self.items)
-                    self.items.append(item)
-                    if item.id not in self.started:
-                        self.started.add(item.id)
-                        self.urgent.add(item.id)
+                    return
+                self.tokens_at[item.id] = len(self.items)
+                if item.id not in self.started:
+                    self.started.add(item.id)
+                    self.urgent = True
             else:
                 self.jobs.pop(item.id, None)
                 self.tokens_at.pop(item.id, None)  # the job's tokens before this item stay before it
                 self.started.discard(item.id)
-                self.urgent.add(item.id)
-                self.items.append(item)
-        # Merged or not, the step's end (or the main thread) decides whether it goes: after a Resume the
-        # collected tokens go at the next step's end even when that step only adds to them.
+                self.urgent = True
+            self.items.append(item)
         # On the engine thread (wake-ups held) the step's end sends (_wake); on any other thread the
         # main thread does.
         if not relay.defer_wake(self):
@@ -122,17 +117,16 @@ class Outbox:
         self.flush()
 
     def flush(self, force: bool = False) -> None:
-        """Send what was collected as one Events message, unless the frontend is behind (then only the
-        items of jobs with a first token or an end go, or everything when `force`d); under the lock, so the
-        engine thread and the main thread never send one outbox's events out of order (a job's items go
-        together, in order)."""
+        """Send what was collected as one Events message, unless the frontend is behind (then only a
+        first token or an end goes, or everything when `force`d); under the lock, so the engine thread
+        and the main thread never send one outbox's events out of order."""
         with self.lock:
             if self.gone:
-                self.items, self.tokens_at, self.urgent = [], {}, set()
+                self.items, self.tokens_at, self.urgent = [], {}, False
                 return
             if not self.items or (self.held and not (self.urgent or force)):
                 return  # nothing, or the frontend is behind: keep collecting (its streams' tokens merge)
-            items = self._take_urgent() if self.held and not force else self._take()
+            items = self._take()
             self.peer.send(wire.encode(wire.Events(items)))
 
     def take(self) -> list[wire.Event]:
@@ -140,17 +134,8 @@ class Outbox:
             return self._take()
 
     def _take(self) -> list[wire.Event]:
-        items, self.items, self.tokens_at, self.urgent = self.items, [], {}, set()
+        items, self.items, self.tokens_at, self.urgent = self.items, [], {}, False
         return items
-
-    def _take_urgent(self) -> list[wire.Event]:
-        """The items of the urgent jobs; the rest (merged tokens of running streams) stay collected."""
-        urgent, taken, kept = self.urgent, [], []
-        for item in self.items:
-            (taken if item.id in urgent else kept).append(item)
-        self.items, self.urgent = kept, set()
-        self.tokens_at = {item.id: i for i, item in enumerate(kept) if isinstance(item, wire.Tokens)}
-        return taken
 
 
 class Core:

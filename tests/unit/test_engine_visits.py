@@ -112,6 +112,16 @@ def test_a_row_without_usable_scores_fails_alone_and_ends_the_visit():
     assert max(steps) > 1 and many.cache.used == 0
 
 
+def test_a_visit_ends_at_the_step_a_row_ends_so_its_answer_is_not_held():
+    """Two rows, one ending after 3 tokens and one after 12, nothing waiting: the visit stops at the short
+    row's last step (its answer goes out then), and the long row goes on in visits of its own."""
+    bench, jobs, steps = serve(8, [{"src": list(range(10, 30)), "max_len": 3}, {"src": list(range(10, 30)),
+                                                                                 "max_len": 12}],
+                               default=history_hash)
+    assert steps == [1, 2, 8, 1]  # admitting; cut at the short row's end; then 8 and the last one
+    assert [len(bench.tokens(j)) for j in jobs] == [3, 12]
+
+
 def test_a_step_as_long_as_a_visit_is_a_visit_of_its_own_and_short_steps_share_one(monkeypatch):
     """Steps per visit = how many fit in VISIT_S at the recent step time, up to --visit-steps: a step that
     long (the shipped model on a CPU at many rows) keeps one per visit, so its streams read as before."""
@@ -133,7 +143,7 @@ def test_work_waiting_for_a_free_slot_is_admitted_at_the_step_a_row_ends():
     one, jobs_one, _ = serve(1, specs, slots=32, default=history_hash)
     many, jobs_many, steps = serve(8, specs, slots=32, default=history_hash)
     assert [outcome(one, j) for j in jobs_one] == [outcome(many, j) for j in jobs_many]
-    assert steps[:4] == [1, 2, 1, 8]  # admitting; cut at the short row's end; admitting; a whole visit
+    assert steps[:3] == [1, 2, 1]  # admitting; a visit cut at the short row's end; admitting the waiting text
     assert many.rt.encoded[-1] == [(60, 61, 62, 63)]  # the waiting text: the last encoder pass
 
 

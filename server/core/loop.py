@@ -99,9 +99,8 @@ class EngineLoop(threading.Thread):
 
     def end_visit(self, row_ended: bool) -> bool:
         """After each step of a visit: end it at the step a row ends (its answer goes out then, and its slot
-        is free for the next iteration, as one step at a time would have it: a visit that ran on cost a
-        closed loop of one stream 16% of its tokens/s on the shipped model), or when waiting work could
-        take a free slot."""
+        is free for the next iteration, as one step at a time would have it; a caller waiting for that answer
+        would otherwise wait up to k - 1 steps more), or when waiting work could take a free slot."""
         return row_ended or (bool(self.scheduler.waiting) and self.engine.cache.free > 0)
 
     def admit(self, scheduled) -> None:

@@ -30,7 +30,9 @@ def test_the_near_free_model_runs_every_request_to_its_limit(repository):
             messages = list(client.translate_stream(text, max_output_tokens=12))
             streamed = [i for m in messages for i in m.token_ids]
             assert streamed == list(batched.hypotheses[0].token_ids)  # a stream = the batched call
-            assert len(messages[0].token_ids) == 1  # the first token alone
+            assert messages[-1].final and messages[-1].output_tokens == 12
+            # (How many messages carry them is the reader's speed: a client slower than the 12 steps gets
+            # them merged. That the first token goes alone is tests/unit/test_engine_visits.py's, which drives the loop itself.)
 
 
 def test_a_level_reports_tokens_and_the_cpu_of_every_process_kind(repository):

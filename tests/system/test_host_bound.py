@@ -32,7 +32,8 @@ def test_the_near_free_model_runs_every_request_to_its_limit(repository):
             assert streamed == list(batched.hypotheses[0].token_ids)  # a stream = the batched call
             assert messages[-1].final and messages[-1].output_tokens == 12
             # (How many messages carry them is the reader's speed: a client slower than the 12 steps gets
-            # them merged. That the first token goes alone is tests/unit/test_engine_visits.py's, which drives the loop itself.)
+            # them merged. That the first token goes alone is tests/unit/test_engine_visits.py's, which
+            # drives the loop itself.)
 
 
 def test_a_level_reports_tokens_and_the_cpu_of_every_process_kind(repository):

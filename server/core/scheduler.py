@@ -237,33 +237,16 @@ class Scheduler:
     def update(self, choices: Choices, now: float) -> None:
         """The engine's choices for the rows in slot order, from one decode step."""
         tokens, logprobs = choices.token.tolist(), choices.logprob.tolist()
-        failed = choices.failed
         # Glossary rows: the boosted tokens and the model's log p of each, by slot (placement.py).
         self._boosted = (self._controls.boost, choices.boost_logp) \
             if choices.boost_logp is not None and self._controls is not None else None
-        # Slots must not move while choices are read by slot: releases wait until the end.
-        self._to_release: list[Row] = []
-        self._gaps: list[float] = []
-        for state in list(self.running):
-            # One request's failure is its own (issue 33): rows the engine could not choose for, or a
-            # bug in this request's bookkeeping, end this request alone; the others go on unchanged.
-            if failed is not None and failed[[r.slot for r in state.rows]].any():
-                self._fail_state(state, Internal(f"the model gave request {state.job.id} no usable scores "
-                                                 f"at decode step {state.step} (NaN or infinite logits)"))
-                continue
-            try:
-                if state.beam is not None:
-                    self._beam_update(state, choices, now)
-                else:
-                    self._row_update(state, tokens, logprobs, now)
-            except Exception as e:  # noqa: BLE001
-                log.exception("request %s: its step update failed; it alone fails", state.job.id)
-                self._fail_state(state, Internal(f"internal error updating request {state.job.id}: {e}"))
-                continue
-            state.step += 1
-        self.m.inter_token.observe_many(self._gaps)
-        self.cache.release(self._to_release)
-        self._show_occupancy()
+
+        def take(state: Running) -> None:
+            if state.beam is not None:
+                self._beam_update(state, choices, now)
+            else:
+                self._row_update(state, tokens, logprobs, now)
+        self._apply(take, choices.failed, 1)
 
     def remaining(self) -> np.ndarray:
         """(B,) by slot: the output tokens each row may still write (a visit's rows are all plain: one row each)."""
@@ -281,23 +264,31 @@ class Scheduler:
             self.update(steps[0], now)
             return
         columns = np.stack([c.token for c in steps], axis=1).tolist()  # (B, steps): each slot's tokens in order
-        failed = steps[-1].failed
         self._boosted = None
-        self._to_release, self._gaps = [], []
+        self._apply(lambda state: self._plain_update(state, state.rows[0], columns[state.rows[0].slot], now),
+                    steps[-1].failed, len(steps))
+
+    def _apply(self, take, failed, steps: int) -> None:
+        """`take(state)` for every running request after `steps` decode steps, unless its rows are among the
+        last step's `failed` ones; then the slots of ended rows are released (slots must not move while the
+        choices are read by slot)."""
+        self._to_release: list[Row] = []
+        self._gaps: list[float] = []
         for state in list(self.running):
-            row = state.rows[0]
-            if failed is not None and failed[row.slot]:
+            # One request's failure is its own (issue 33): rows the engine could not choose for, or a
+            # bug in this request's bookkeeping, end this request alone; the others go on unchanged.
+            if failed is not None and failed[[r.slot for r in state.rows]].any():
                 self._fail_state(state, Internal(f"the model gave request {state.job.id} no usable scores "
-                                                 f"at decode step {state.step + len(steps) - 1} (NaN or infinite "
+                                                 f"at decode step {state.step + steps - 1} (NaN or infinite "
                                                  "logits)"))
                 continue
             try:
-                self._plain_update(state, row, columns[row.slot], now)
+                take(state)
             except Exception as e:  # noqa: BLE001
                 log.exception("request %s: its step update failed; it alone fails", state.job.id)
                 self._fail_state(state, Internal(f"internal error updating request {state.job.id}: {e}"))
                 continue
-            state.step += len(steps)
+            state.step += steps
         self.m.inter_token.observe_many(self._gaps)
         self.cache.release(self._to_release)
         self._show_occupancy()

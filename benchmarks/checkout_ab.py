@@ -27,7 +27,7 @@ import json
 import statistics
 from pathlib import Path
 
-from benchmarks.harness import (ServerProcess, cpu_seconds, date_line, level_command, machine_line, rotations,
+from benchmarks.harness import (ServerProcess, cpu_seconds, date_line, machine_line, parse_levels, rotations,
                                 serve_level)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,12 +71,7 @@ def main() -> int:
     p.add_argument("--out", type=Path, help="write every round's figures here as JSON")
     args = p.parse_args()
     sides = {"before": args.before.resolve(), "after": args.after.resolve()}
-    levels = args.levels.split(",")
-    for level in levels:
-        try:
-            level_command("", level, args.seconds)
-        except ValueError as e:
-            p.error(str(e))
+    levels = parse_levels(p, args.levels, args.seconds)
     runs: dict[str, dict[str, list[dict]]] = {side: {level: [] for level in levels} for side in sides}
     print(date_line(), machine_line(), sep="\n", flush=True)
     for number, order in enumerate(rotations(list(sides), args.rounds), 1):

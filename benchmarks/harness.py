@@ -254,14 +254,16 @@ def cpu_seconds(pid: Optional[int] = None) -> float:
     if pid is None:
         t = os.times()
         return t.user + t.system
-    total = 0.0
-    for p in [pid, *descendants(pid)]:
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        except FileNotFoundError:  # exited meanwhile
-            continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+    return sum(filter(None, (process_cpu_seconds(p) for p in [pid, *descendants(pid)])))
+
+
+def process_cpu_seconds(pid: int) -> Optional[float]:
+    """CPU time (user + system) of process `pid` alone, from /proc/PID/stat; None once it has exited."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def proc_status(pid: int) -> dict[str, int]:
@@ -340,6 +342,18 @@ TEST_SOURCES = ROOT.parent / "shared" / "data" / "multi30k" / "test_2016_flickr.
 
 LEVEL_KINDS = ("stream", "unary", "rate")
 ARRIVAL_SEED = 1  # rate levels: every server of a comparison gets the same arrival times
+
+
+def parse_levels(parser, text: str, seconds: float) -> list[str]:
+    """--levels' comma-separated load levels, each checked by level_command; a bad one is the parser's usage
+    error."""
+    levels = text.split(",")
+    for level in levels:
+        try:
+            level_command("", level, seconds)
+        except ValueError as e:
+            parser.error(str(e))
+    return levels
 
 
 def level_command(target: str, level: str, seconds: float) -> list[str]:

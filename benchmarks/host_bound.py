@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import shlex
 import statistics
@@ -32,8 +31,8 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-from benchmarks.harness import ServerProcess, date_line, descendants, level_command, machine_line, rotations, \
-    serve_level
+from benchmarks.harness import ServerProcess, date_line, descendants, machine_line, parse_levels, \
+    process_cpu_seconds, rotations, serve_level
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "build" / "host_bound"
@@ -85,12 +84,12 @@ def process_cpu(pid: int) -> dict[int, tuple[str, float]]:
     out = {}
     for p in [pid, *descendants(pid)]:
         try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
             command = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except FileNotFoundError:  # exited meanwhile
             continue
-        kind = "engine core" if "server.coreprocess" in command else "frontend"
-        out[p] = (kind, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+        cpu = process_cpu_seconds(p)
+        if cpu is not None:
+            out[p] = ("engine core" if "server.coreprocess" in command else "frontend", cpu)
     return out
 
 
@@ -181,12 +180,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--out", type=Path, help="write the table here (markdown) and every round's figures beside it "
                    "(.json)")
     args = p.parse_args(argv)
-    levels = args.levels.split(",")
-    for level in levels:
-        try:
-            level_command("", level, args.seconds)
-        except ValueError as e:
-            p.error(str(e))
+    levels = parse_levels(p, args.levels, args.seconds)
     build_bundle(args.repository.resolve())
     sides = {"after": ROOT}
     if args.before is not None or args.before_flags:

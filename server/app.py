@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -11,6 +12,7 @@ from typing import Optional
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import generate_latest
 
 from models.core.bundle import discover
 from protos.nmt.v1 import translator_pb2 as pb
@@ -24,6 +26,7 @@ from server.gateway import Gateway
 from server.hosted import HostedModel
 from server.http.app import HttpFrontend
 from server.http.edge import Edge
+from server.http.status import EngineView
 from server.lifecycle import Health, enable_reflection, server_options
 from server.metrics import Metrics
 from server.observability import looplag, tracing
@@ -121,7 +124,7 @@ class TranslationServer:
             await loop.run_in_executor(None, self.admission.identifier.warm)  # the language model: ~0.3 s, once
             edge = Edge(Gateway(self.service, self.security.interceptor), self.admission, self.metrics,
                         cfg.max_request_bytes, cfg.http_body_timeout_s, self.security.keys)
-            self.http = HttpFrontend(edge, self.health, cfg)
+            self.http = HttpFrontend(edge, self.health, cfg, self._engine_view())
             shared = bool(self.attach) or count > 1  # several processes listen on the one port
             self.http_port = await self.http.start(cfg.http_host or cfg.host, cfg.http_port, reuse_port=shared)
         if count > 1:
@@ -142,6 +145,21 @@ class TranslationServer:
         if self.core is None:  # the core process watches its own loops; its supervisor restarts it
             self._watchdog = asyncio.create_task(self._watch())
         return self.port
+
+    def _engine_view(self) -> EngineView:
+        """What GET /v1/status reads of the engine (server/http/status.py)."""
+        if self.core is not None:
+            def replicas() -> list[dict]:
+                members = [(str(i), m) for i, m in enumerate(self.core.members)]
+                if self.core.background is not None:
+                    members.append(("background", self.core.background))
+                return [{"name": name, "up": bool(m.link.up), "pid": m.pid} for name, m in members]
+            return EngineView("process", self.core.metrics_text, replicas)
+
+        async def exposition() -> str:
+            return generate_latest(self.metrics.engine_registry).decode()
+        return EngineView("thread", exposition,
+                          lambda: [{"name": "in-process", "up": self.engine_failure is None, "pid": os.getpid()}])
 
     async def _load_models(self) -> None:
         """Every bundle with its engine in this process, warmed up."""

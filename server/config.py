@@ -81,6 +81,8 @@ HELP = {
     "http_max_connections": "HTTP: connections (and requests) at once; beyond, new ones get 503; >= 1",
     "http_max_header_bytes": "HTTP: largest request line plus headers; larger ones get 431 unread (Connection: close); >= 1024",
     "http_body_timeout_s": "HTTP: a request body must arrive within this many seconds (slow senders get 408); > 0",
+    "web_ui": "HTTP: the translator page at / and the status page at /status (docs/web.md), calling only the "
+              "API's own endpoints with the caller's key; false: those paths answer 404 like any unknown one",
     "model_repository": "folder of <model>/<version>/ bundles to serve (all of them); default: the checkout's "
                         "model_repository, else ./model_repository, else the bundle installed with the package",
     "model": "a Hugging Face translation model to serve (a local directory or a hub id), imported once into "
@@ -218,6 +220,7 @@ class ServerConfig:
     http_max_connections: int = 1000
     http_max_header_bytes: int = 16384
     http_body_timeout_s: float = 30.0
+    web_ui: bool = True  # the translator and status pages (server/http/pages.py)
     model_repository: str = str(DEFAULT_REPOSITORY)
     model: tuple = ()  # Hugging Face models to import and serve (server/imports.py); replaces model_repository
     cache_dir: str = ""

@@ -35,13 +35,15 @@ from server.http.glossaries import GlossaryApi
 from server.http.guard import HttpGuard, api_of, error_body
 from server.http.libre import LibreTranslateApi
 from server.http.native import NativeApi, error_response
+from server.http.pages import WebPages
+from server.http.status import EngineView, StatusApi
 
 log = logging.getLogger(__name__)
 SERVING = health_pb2.HealthCheckResponse.SERVING
 
 
 class HttpFrontend:
-    def __init__(self, edge: Edge, health, cfg):
+    def __init__(self, edge: Edge, health, cfg, engine: EngineView):
         self.edge, self.health, self.cfg = edge, health, cfg
         self.port = 0
         self._server: Optional[uvicorn.Server] = None
@@ -49,7 +51,9 @@ class HttpFrontend:
         routes = [Route("/healthz", self.healthz, methods=["GET", "HEAD"]),
                   Route("/readyz", self.readyz, methods=["GET", "HEAD"])]
         documents = DocumentsApi(edge, cfg.document_dir or None)  # jobs' spool shared by the frontends
-        for api in (NativeApi(edge), DeepLApi(edge), LibreTranslateApi(edge), documents, GlossaryApi(edge)):
+        apis = [NativeApi(edge), StatusApi(edge, engine, self._health), DeepLApi(edge), LibreTranslateApi(edge),
+                documents, GlossaryApi(edge)]
+        for api in apis + ([WebPages(edge)] if cfg.web_ui else []):
             routes += api.routes()
         # HttpGuard (server/http/guard.py) turns a handler's exception into a counted 500 that keeps the
         # connection; Starlette's own error middleware would send it and then re-raise.
@@ -60,6 +64,11 @@ class HttpFrontend:
     # -- probes -------------------------------------------------------------------------
     def _status(self, service: str) -> int:
         return getattr(self.health, "_server_status", {}).get(service, health_pb2.HealthCheckResponse.UNKNOWN)
+
+    def _health(self) -> dict:
+        from server.lifecycle import LIVENESS
+        word = lambda service: "SERVING" if self._status(service) == SERVING else "NOT_SERVING"  # noqa: E731
+        return {"live": word(LIVENESS), "ready": word("")}
 
     async def healthz(self, request: Request) -> Response:
         from server.lifecycle import LIVENESS

@@ -49,6 +49,8 @@ def api_of(path: str) -> str:
         return "deepl"
     if path in ("/healthz", "/readyz"):
         return "health"
+    if path in ("/", "/status", "/favicon.ico") or path.startswith("/web/"):
+        return "web"  # the pages (server/http/pages.py); their errors take the native shape
     return "libretranslate"
 
 

@@ -57,6 +57,24 @@ def _body(message: Descriptor) -> dict:
     return {"application/json": {"schema": {"$ref": f"#/components/schemas/{message.full_name}"}}}
 
 
+_HISTOGRAM = {"type": "object", "description": "cumulative since start: counts[i] observations <= bounds[i] "
+               "seconds; count and sum over all", "properties": {
+                   "bounds": {"type": "array", "items": {"type": "number"}},
+                   "counts": {"type": "array", "items": {"type": "integer"}},
+                   "count": {"type": "integer"}, "sum": {"type": "number"}}}
+_STATUS = {"type": "object", "properties": {
+    "time": {"type": "number", "description": "the server's clock, Unix seconds"},
+    "health": {"type": "object", "properties": {"live": {"type": "string"}, "ready": {"type": "string"}}},
+    "engine": {"type": "string", "enum": ["process", "thread"]},
+    "replicas": {"type": "array", "items": {"type": "object", "properties": {
+        "name": {"type": "string"}, "up": {"type": "boolean"}, "pid": {"type": "integer"}}}},
+    "models": {"type": "array", "items": {"type": "object", "properties": {
+        "name": {"type": "string"}, "version": {"type": "integer"}, "variant": {"type": "string"},
+        "provider": {"type": "string"}, "pairs": {"type": "array", "items": {"type": "string"}},
+        "running": {"type": "integer"}, "waiting": {"type": "integer"}, "outputTokens": {"type": "integer"},
+        "texts": {"type": "integer"}, "latency": _HISTOGRAM, "firstToken": _HISTOGRAM}}}}}
+
+
 @functools.lru_cache(maxsize=1)
 def describe() -> dict:
     schemas: dict = {}
@@ -79,6 +97,11 @@ def describe() -> dict:
     paths["/v1/models"] = {"get": {"operationId": "ListModels", "summary": "The models served",
                                    "responses": {"200": {"description": "OK", "content": _body(listing.output_type)},
                                                  "default": error}}}
+    schemas["Status"] = _STATUS
+    paths["/v1/status"] = {"get": {"operationId": "Status", "summary": "Health, replicas and the engine's cumulative "
+                                   "counters per model (what the status page plots; server/http/status.py)",
+                                   "responses": {"200": {"description": "OK", "content": {"application/json": {
+                                       "schema": {"$ref": "#/components/schemas/Status"}}}}, "default": error}}}
     for probe, what in (("/healthz", "liveness"), ("/readyz", "readiness (503 while starting or draining)")):
         paths[probe] = {"get": {"summary": what, "responses": {"200": {"description": "OK"},
                                                                "503": {"description": "not ready"}}}}

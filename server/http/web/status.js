@@ -153,7 +153,8 @@ function draw() {
     g.fillText(ms((maxLatency * (4 - i)) / 4), left + w + 6, y + 4);
   }
   g.textAlign = "center";
-  for (let m = 0; m <= WINDOW_S / 60; m++) {
+  const every = Math.ceil(60 / (w / (WINDOW_S / 60))); // minutes between labels: at least 60 px apart
+  for (let m = 0; m <= WINDOW_S / 60; m += every) {
     g.fillText(m === 0 ? "now" : `-${m} min`, x(now - m * 60), top + h + 18);
   }
   const series = (key, scale, colourName, dash) => {
@@ -182,6 +183,8 @@ function draw() {
   g.fillText("latency p50", left + w, 14);
   canvas.dataset.points = String(points.length);
   const last = points[points.length - 1];
+  canvas.dataset.lastRate = last ? last.rate.toFixed(2) : "";
+  canvas.dataset.peakRate = points.length ? Math.max(...points.map((p) => p.rate)).toFixed(2) : "";
   canvas.setAttribute("aria-label", last
     ? `Last ${points.length} samples: now ${last.rate.toFixed(1)} tokens per second, median latency ${ms(last.p50)}`
     : "No samples yet");

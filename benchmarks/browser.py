@@ -24,8 +24,10 @@ def binaries() -> Optional[tuple[str, str]]:
     return (browser, driver) if browser and driver else None
 
 
-def start_chromium(downloads: Optional[Path] = None, width: int = 1280, height: int = 900):
-    """A headless Chromium session; `downloads`: where files the page saves land (no prompt).
+def start_chromium(downloads: Optional[Path] = None, width: int = 1280, height: int = 900,
+                   insecure_certs: bool = False):
+    """A headless Chromium session; `downloads`: where files the page saves land (no prompt);
+    `insecure_certs`: accept a certificate no system CA signed (a test's own CA).
     The browser's console is kept (driver.get_log("browser")) so tests can read its errors."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
@@ -41,6 +43,7 @@ def start_chromium(downloads: Optional[Path] = None, width: int = 1280, height: 
                      f"--window-size={width},{height}", "--lang=en-US"):
         options.add_argument(argument)  # --no-sandbox: CI runs as root, where Chromium's sandbox cannot start
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    options.accept_insecure_certs = insecure_certs
     if downloads is not None:
         options.add_experimental_option("prefs", {"download.default_directory": str(downloads),
                                                   "download.prompt_for_download": False})

@@ -17,6 +17,7 @@ import io
 import json
 import os
 import re
+import ssl
 import time
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
@@ -65,7 +66,7 @@ def srv(tmp_path_factory):
     config.update(name="relabelled-de-en", source_language="de", target_language="en")
     config.pop("languages", None)
     (target / "config.json").write_text(json.dumps(config))
-    s = ServerThread(model_repository=str(repo)).start()
+    s = ServerThread(model_repository=str(repo), glossary_db=str(repo / "glossaries.sqlite3")).start()
     yield s
     s.stop()
 
@@ -257,6 +258,37 @@ def test_alternatives_for_a_sentence_are_the_apis(srv, browser):
     assert by(browser, "output").text == shown[0]
 
 
+def test_copy_puts_the_translation_on_the_clipboard(srv, browser):
+    browser.execute_cdp_cmd("Browser.grantPermissions", {"origin": srv.http, "permissions": [
+        "clipboardReadWrite", "clipboardSanitizedWrite"]})
+    open_page(browser, srv.http + "/?source=en&target=de")
+    shown = translate(browser, "Two dogs play in the snow.")
+    by(browser, "copy").click()
+    wait(browser, lambda s: by(s, "copy").text == "Copied", "the copy was not confirmed")
+    pasted = browser.execute_async_script("navigator.clipboard.readText().then(arguments[0])")
+    assert pasted == shown
+
+
+def test_a_glossary_of_the_callers_is_offered_and_applied(srv, browser):
+    made = httpx.post(srv.http + "/v3/glossaries", timeout=30, json={"name": "bikes", "dictionaries": [
+        {"source_lang": "en", "target_lang": "de", "entries": "bike\tVelo", "entries_format": "tsv"}]})
+    assert made.status_code == 201, made.text
+    ident = made.json()["glossary_id"]
+    open_page(browser, srv.http + "/?target=de")  # the source left to detection
+    choice = Select(by(browser, "glossary"))
+    assert [o.text for o in choice.options] == ["None", "bikes (en \u2192 de, 1 entries)"]
+    choice.select_by_value(f"{ident}:en:de")  # the glossary's pair becomes the page's
+    assert Select(by(browser, "source")).first_selected_option.get_attribute("value") == "en"
+    text = "A man is riding a bike."
+    shown = translate(browser, text)
+    body = {"texts": [text], "sourceLanguage": "en", "targetLanguage": "de", "glossaryId": ident}
+    assert shown == api(srv, "/v1/translate", body).json()["translations"][0]["hypotheses"][0]["text"]
+    assert "Velo" in shown and shown != api_translation(srv, text, "de", "en")
+    Select(by(browser, "target")).select_by_value("de")
+    Select(by(browser, "source")).select_by_value("")  # another pair: the glossary no longer applies
+    assert choice.first_selected_option.get_attribute("value") == ""
+
+
 def _docx(paragraphs: list[str]) -> bytes:
     document = docx.Document()
     for p in paragraphs:
@@ -443,6 +475,35 @@ def test_the_status_plot_follows_the_load(srv, browser):
     wait(browser, lambda s: float(by(s, "plot").get_attribute("data-peak-rate") or 0) > 0,
          "the plot never showed the translations' tokens")
     assert int(by(browser, "plot").get_attribute("data-points")) > points
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(SHOTS / "status-after-load.png"))
+
+
+# -- TLS and API keys ------------------------------------------------------------------------
+def test_the_page_works_over_tls(tmp_path):
+    """With --tls-cert-file the HTTP port is HTTPS too: the page loads, streams and reads its status there."""
+    _need_browser()
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from tests.system.test_security import _certificate, _name, _write
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert, key_path = _write(tmp_path, "server", key, _certificate("web test", key, _name("web test"), key,
+                                                                   server=True))
+    s = ServerThread(tls_cert_file=cert, tls_key_file=key_path).start()
+    session = start_chromium(insecure_certs=True)  # the test's own certificate: no system CA signed it
+    try:
+        base = s.http.replace("http://", "https://")
+        open_page(session, base + "/?source=en&target=de")
+        text = "A man is riding a bike."
+        shown = translate(session, text)
+        expected = httpx.post(base + "/v1/translate", verify=ssl.create_default_context(cafile=cert), timeout=60, json={
+            "texts": [text], "sourceLanguage": "en", "targetLanguage": "de"}).json()
+        assert shown == expected["translations"][0]["hypotheses"][0]["text"]
+        session.get(base + "/status?every=0.25")
+        wait(session, lambda d: int(by(d, "plot").get_attribute("data-points") or 0) >= 1, "no status over TLS")
+    finally:
+        session.quit()
+        s.stop()
 
 
 # -- API keys ---------------------------------------------------------------------------------

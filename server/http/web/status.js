@@ -7,6 +7,8 @@ const $ = (id) => document.getElementById(id);
 const asked = new URLSearchParams(location.search);
 const EVERY_S = Math.max(0.25, Number(asked.get("every")) || 2);
 const WINDOW_S = 300;
+const SPANS = [30, 60, 120, 180, 240, WINDOW_S]; // seconds the plot's time axis shows
+const TICKS = [5, 10, 15, 30, 60, 120, 300];
 const samples = []; // {t, tokens, latency: {bounds, counts, count}, firstToken: {...}}
 const points = []; // {t, rate, p50, p95, first}
 let timer = null;
@@ -116,6 +118,12 @@ function record(status) {
   }
 }
 
+// The axis's top: the value rounded up to 1, 2, 2.5, 4, 5 or 8 times a power of ten (quarters read well).
+function nice(value) {
+  const power = Math.pow(10, Math.floor(Math.log10(value)));
+  return [1, 2, 2.5, 4, 5, 8, 10].find((m) => m * power >= value) * power;
+}
+
 function colour(name) {
   return getComputedStyle(document.documentElement).getPropertyValue(name).trim();
 }
@@ -132,9 +140,11 @@ function draw() {
   const left = 56, right = 64, top = 24, bottom = 26;
   const w = Math.max(10, width - left - right), h = Math.max(10, height - top - bottom);
   const now = points.length ? points[points.length - 1].t : Date.now() / 1000;
-  const x = (t) => left + w * (1 - (now - t) / WINDOW_S);
-  const maxRate = Math.max(1, ...points.map((p) => p.rate)) * 1.15;
-  const maxLatency = Math.max(0.01, ...points.map((p) => p.p50 || 0)) * 1.15;
+  // the time axis grows with the samples, from 30 s up to the whole window, so a new page is not empty
+  const span = SPANS.find((s) => s >= (points.length ? now - points[0].t : 0)) || WINDOW_S;
+  const x = (t) => left + w * (1 - (now - t) / span);
+  const maxRate = nice(Math.max(1, ...points.map((p) => p.rate)) * 1.1);
+  const maxLatency = nice(Math.max(0.01, ...points.map((p) => p.p50 || 0)) * 1.1);
   const text = colour("--muted"), line = colour("--line");
   g.font = "12px system-ui, sans-serif";
   g.lineWidth = 1;
@@ -153,9 +163,10 @@ function draw() {
     g.fillText(ms((maxLatency * (4 - i)) / 4), left + w + 6, y + 4);
   }
   g.textAlign = "center";
-  const every = Math.ceil(60 / (w / (WINDOW_S / 60))); // minutes between labels: at least 60 px apart
-  for (let m = 0; m <= WINDOW_S / 60; m += every) {
-    g.fillText(m === 0 ? "now" : `-${m} min`, x(now - m * 60), top + h + 18);
+  const tick = TICKS.find((t) => (w * t) / span >= 60) || span; // seconds between labels, >= 60 px apart
+  for (let ago = 0; ago <= span; ago += tick) {
+    const label = ago === 0 ? "now" : ago % 60 === 0 ? `-${ago / 60} min` : `-${ago} s`;
+    g.fillText(label, x(now - ago), top + h + 18);
   }
   const series = (key, scale, colourName, dash) => {
     g.strokeStyle = colour(colourName);

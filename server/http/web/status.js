@@ -158,7 +158,7 @@ function draw() {
     g.stroke();
     g.textAlign = "right";
     const rate = (maxRate * (4 - i)) / 4;
-    g.fillText(rate < 10 ? rate.toFixed(1) : String(Math.round(rate)), left - 6, y + 4);
+    g.fillText(rate === 0 ? "0" : rate < 10 ? rate.toFixed(1) : String(Math.round(rate)), left - 6, y + 4);
     g.textAlign = "left";
     g.fillText(ms((maxLatency * (4 - i)) / 4), left + w + 6, y + 4);
   }

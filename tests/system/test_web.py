@@ -52,20 +52,21 @@ def _need_browser() -> None:
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
-    """The shipped en->de model, and the en->fr bundle relabelled de->en: a pair served both ways, so the
-    page's swap has somewhere to go."""
+    """The shipped en->de model, and the en->fr bundle relabelled de->en (a pair served both ways, so the
+    page's swap has somewhere to go) and en->ar (a target written right to left)."""
     repo = tmp_path_factory.mktemp("repo")
     (repo / "multi30k-en-de-small").symlink_to(REPOSITORY / "multi30k-en-de-small")
     version = next((REPOSITORY / "multi30k-en-fr-small").iterdir())
-    target = repo / "relabelled-de-en" / version.name
-    target.mkdir(parents=True)
-    for item in version.iterdir():
-        if item.name != "config.json":
-            (target / item.name).symlink_to(item)
-    config = json.loads((version / "config.json").read_text())
-    config.update(name="relabelled-de-en", source_language="de", target_language="en")
-    config.pop("languages", None)
-    (target / "config.json").write_text(json.dumps(config))
+    for source, target in (("de", "en"), ("en", "ar")):
+        folder = repo / f"relabelled-{source}-{target}" / version.name
+        folder.mkdir(parents=True)
+        for item in version.iterdir():
+            if item.name != "config.json":
+                (folder / item.name).symlink_to(item)
+        config = json.loads((version / "config.json").read_text())
+        config.update(name=f"relabelled-{source}-{target}", source_language=source, target_language=target)
+        config.pop("languages", None)
+        (folder / "config.json").write_text(json.dumps(config))
     s = ServerThread(model_repository=str(repo), glossary_db=str(repo / "glossaries.sqlite3")).start()
     yield s
     s.stop()
@@ -183,7 +184,7 @@ def test_status_endpoint_counts_the_engines_work(srv):
     assert after["health"] == {"live": "SERVING", "ready": "SERVING"}
     assert after["engine"] == "thread" and after["replicas"][0]["up"] is True
     models = {m["name"]: m for m in after["models"]}
-    assert set(models) == {"multi30k-en-de-small", "relabelled-de-en"}
+    assert set(models) == {"multi30k-en-de-small", "relabelled-de-en", "relabelled-en-ar"}
     de, old = models["multi30k-en-de-small"], {m["name"]: m for m in before["models"]}["multi30k-en-de-small"]
     assert de["pairs"] == ["en-de"] and de["texts"] == old["texts"] + 1
     assert de["outputTokens"] > old["outputTokens"]
@@ -330,6 +331,8 @@ def test_a_docx_uploaded_in_the_page_comes_back_translated(srv, browser, downloa
     link = wait(browser, lambda s: by(s, "download").is_displayed() and by(s, "download"), "no download link")
     assert link.text == "Download report.docx" and link.get_attribute("download") == "report.docx"
     assert "translated (2 segments" in by(browser, "file-state").text
+    progress = by(browser, "file-progress")  # the bar followed the job to its end
+    assert progress.is_displayed() and progress.get_attribute("value") == progress.get_attribute("max") == "2"
     for old in downloads.glob("report*.docx"):
         old.unlink()
     link.click()
@@ -455,10 +458,16 @@ def test_every_control_is_labelled_contrast_holds_in_both_schemes_and_the_consol
 
 
 def test_right_to_left_targets_are_shown_right_to_left(srv, browser):
-    open_page(browser, srv.http + "/")
-    direction = browser.execute_script("return import('/web/api.js').then((m) => [m.direction('ar'), "
-                                       "m.direction('he-IL'), m.direction('de')])")
-    assert direction == ["rtl", "rtl", "ltr"]
+    open_page(browser, srv.http + "/?source=en&target=ar")
+    translate(browser, "A man is riding a bike.")
+    output = by(browser, "output")
+    assert (output.get_attribute("dir"), output.get_attribute("lang")) == ("rtl", "ar")
+    assert browser.execute_script("return getComputedStyle(arguments[0]).direction", output) == "rtl"
+    translate(browser, "A man is riding a bike.", target="de")
+    assert (output.get_attribute("dir"), output.get_attribute("lang")) == ("ltr", "de")
+    direction = browser.execute_script("return import('/web/api.js').then((m) => [m.direction('he-IL'), "
+                                       "m.direction('fa'), m.direction('ur_PK'), m.direction('en')])")
+    assert direction == ["rtl", "rtl", "rtl", "ltr"]
 
 
 # -- the status page -------------------------------------------------------------------------

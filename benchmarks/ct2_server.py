@@ -30,7 +30,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from models.core.config import max_output_len
-from models.core.tokenizer import SubwordTokenizer, load_tokenizer
+from models.core.bundle_tokenizer import load_tokenizer
+from models.core.tokenizer import SubwordTokenizer
 from protos.nmt.v1 import translator_pb2 as pb
 from protos.nmt.v1 import translator_pb2_grpc as pb_grpc
 from server.detok import IncrementalDetokenizer

@@ -120,7 +120,7 @@ STAGES = (
                                                                              "server/language_id.py")),
     ("queue (submit, schedule)", lambda func, file: file in ("server/hosted.py", "server/core/scheduler.py",
                                                              "server/core/request.py")),
-    ("hop (relay, core link)", lambda func, file: file == "server/relay.py" or file.startswith("server/coreprocess/")),
+    ("hop (relay, core link)", lambda func, file: file == "server/core/relay.py" or file.startswith("server/coreprocess/")),
     ("log and metrics", lambda func, file: file.startswith(("server/observability/", "server/metrics.py"))),
     ("handler and response messages", lambda func, file: file.startswith(("server/service.py", "server/wire.py",
                                                                           "server/gateway.py"))),

@@ -71,7 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from models.core import static_decode
     from models.core.bundle import load_bundle
     from models.core.runtime import OnnxModel, RuntimeOptions
-    from models.core.tokenizer import load_tokenizer, normalize
+    from models.core.bundle_tokenizer import load_tokenizer
+    from models.core.tokenizer import normalize
 
     work = Path(tempfile.mkdtemp())
     fp16 = any(variant == "fp16" for _, variant in args.runs)

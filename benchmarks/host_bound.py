@@ -57,7 +57,7 @@ def build_bundle(repository: Path = BUILD / "repository", seed: int = 0, force: 
 
     from export.__main__ import main as export_main
     from models.core.config import EOS_ID, ModelConfig
-    from models.core.tokenizer import load_tokenizer
+    from models.core.bundle_tokenizer import load_tokenizer
     from models.transformer import Transformer
 
     shipped = json.loads((SHIPPED / "config.json").read_text())

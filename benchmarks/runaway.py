@@ -25,7 +25,7 @@ from client.client import AsyncTranslatorClient
 from models.core import static_decode
 from models.core.bundle import load_bundle, newest_version
 from models.core.runtime import OnnxModel, RuntimeOptions
-from models.core.tokenizer import load_tokenizer
+from models.core.bundle_tokenizer import load_tokenizer
 from protos.nmt.v1 import translator_pb2 as pb
 from server.core.runaway import RunawayGuard, longest_loop
 

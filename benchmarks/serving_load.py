@@ -120,7 +120,7 @@ async def inprocess(args, texts) -> dict:
     from server.config import ServerConfig
     from server.hosted import HostedModel
     from server.metrics import Metrics
-    from server.relay import relay_for
+    from server.core.relay import relay_for
     from server.core.request import DecodingParams, ErrorEvent, FinishEvent, TokenEvent
     cfg = ServerConfig.from_args(server_flags(args))
     model = HostedModel(discover(args.repository)[0], cfg, Metrics())

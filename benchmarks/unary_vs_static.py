@@ -55,7 +55,7 @@ def static_worker(args) -> None:
     from models.core import static_decode
     from models.core.bundle import load_bundle, newest_version
     from models.core.runtime import OnnxModel, RuntimeOptions
-    from models.core.tokenizer import load_tokenizer
+    from models.core.bundle_tokenizer import load_tokenizer
     bundle = load_bundle(newest_version(ROOT / "model_repository" / MODEL))
     tok = load_tokenizer(bundle.tokenizer_entry, bundle.path)
     model = OnnxModel(bundle, RuntimeOptions(variant=args.variant, intra_op_threads=args.threads))

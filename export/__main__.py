@@ -30,7 +30,7 @@ from export.variants import fp16_graphs, quantize_int8
 from export.weights import share_weights
 from models.core.bundle import BUNDLE_FORMAT, load_bundle
 from models.core.runtime import OnnxModel, RuntimeOptions, cpu_has_vnni
-from models.core.tokenizer import load_tokenizer
+from models.core.bundle_tokenizer import load_tokenizer
 from models.evaluate import load_checkpoint
 
 FP32_TOLERANCE = 1e-4  # max abs diff, any output, any parity case

@@ -18,7 +18,7 @@ from server.documents.segment import plan_text
 from server.core.errors import InvalidArgument, shown
 from server.metrics import Metrics
 from server.core.request import DecodingParams, EmbedJob, ErrorEvent, Event, FinishEvent, GenerationRules, Job
-from server.glossary.enforce import pieces_of
+from server.core.terms import pieces_of
 
 
 class HostedModel:
@@ -30,7 +30,7 @@ class HostedModel:
         self.bundle, self.cfg, self.name = bundle, cfg, bundle.name
         self.tok = None
         if pieces is None:  # imported here: a core given `pieces` never loads the tokenizers library
-            from models.core.tokenizer import load_tokenizer
+            from models.core.bundle_tokenizer import load_tokenizer
             self.tok = load_tokenizer(bundle.tokenizer_entry, bundle.path)
         self._pieces = pieces
         # Planning measures each sentence in tokens, then the jobs tokenise it: once is enough.

@@ -68,7 +68,7 @@ class Metrics:
         self.glossary_rewinds = Counter("nmt_glossary_rewinds_total",
                                         "Greedy decodes that chose to end with a glossary term never begun and "
                                         "went back to write it where the model found it likeliest (server/"
-                                        "glossary/placement.py).", ["model"], registry=e)
+                                        "core/term_placement.py).", ["model"], registry=e)
         self.failed_rows = Counter("nmt_engine_failed_rows_total",
                                    "Decode rows failed alone: the model gave them NaN or infinite scores, or their "
                                    "token choice or bookkeeping raised (their request ends INTERNAL; the batch "

@@ -27,7 +27,7 @@ from server.admission import Admission, TranslateCall
 from server.hosted import HostedModel
 from server.metrics import Metrics
 from server.observability import calls
-from server.relay import Outflow, outflow_for, relay_for
+from server.core.relay import Outflow, outflow_for, relay_for
 from server.core.request import DecodingParams, ErrorEvent, Event, FinishEvent, FinishReason, TokenEvent
 from server.wire import Malformed, Oversized
 

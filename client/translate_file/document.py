@@ -19,25 +19,16 @@ for clients of DeepL's and LibreTranslate's APIs and for callers without this cl
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 import time
 
 import grpc
 
+from .output import write_output
 from .settings import Settings, UsageError
 from .targets import RETRY_CODES, Targets
 
 BATCH_CHARS = 6_000
-
-
-def document_extensions() -> set[str]:
-    """Extensions the auto format reads as documents (.txt stays the line format)."""
-    try:
-        from server.files import extensions
-    except ImportError:  # the client installed without the serve extra: no document formats
-        return set()
-    return {e for e in extensions() if e != ".txt"}
 
 
 def translate_document(s: Settings) -> dict:
@@ -139,15 +130,3 @@ def print_document_summary(sm: dict) -> None:
     print(f"translate-file: {sm['output']}: {state}", file=sys.stderr)
     for rec in sm["error_records"][:10]:
         print(f"  segment {rec['line']}: {rec['code']}: {rec['message'][:200]} (left untranslated)", file=sys.stderr)
-
-
-def write_output(data: bytes, output) -> None:
-    """The translated file to standard output, or to `output` whole (written beside it, then renamed: a
-    reader never sees half a file)."""
-    if output is None:
-        sys.stdout.buffer.write(data)
-        sys.stdout.flush()
-        return
-    partial = output.with_name(output.name + ".partial")
-    partial.write_bytes(data)
-    os.replace(partial, output)

@@ -18,7 +18,7 @@ import grpc
 
 from protos.nmt.v1 import translator_pb2 as pb
 
-from .document import write_output
+from .output import write_output
 from .settings import Settings, UsageError
 
 

@@ -66,7 +66,6 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         fmt = "document"
     if fmt == "auto":
         fmt = {".jsonl": "jsonl", ".ndjson": "jsonl", ".tsv": "tsv"}.get(src.suffix.lower(), "text")
-        from .document import document_extensions
         if fmt == "text" and src.suffix.lower() in document_extensions():
             fmt = "document"
     if args.whole_file and fmt != "text":
@@ -104,3 +103,12 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                     errors_file=errors, summary_json=Path(args.summary_json) if args.summary_json else None,
                     progress=not args.no_progress, progress_interval=args.progress_interval,
                     channel={k: v for k in CHANNEL_ARGS if (v := getattr(args, k, None))}, server_side=server_side)
+
+
+def document_extensions() -> set[str]:
+    """Extensions the auto format reads as documents (.txt stays the line format)."""
+    try:
+        from server.files import extensions
+    except ImportError:  # the client installed without the serve extra: no document formats
+        return set()
+    return {e for e in extensions() if e != ".txt"}

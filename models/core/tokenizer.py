@@ -139,19 +139,3 @@ class SubwordTokenizer:
 
     def iter_pieces(self, ids: Iterable[int]) -> Iterator[str]:
         return (self._pieces[i] for i in ids)
-
-
-def load_tokenizer(entry: str | dict, folder: str | Path):
-    """The tokenizer a bundle's config.json names: a tokenizer.json file (this repo's models), or a
-    section for an imported Hugging Face model: `{"kind": "sentencepiece", ...}` (Marian, M2M100) or
-    `{"kind": "tokenizer.json", ...}` (NLLB: its own tokenizer.json and special ids)."""
-    folder = Path(folder)
-    if isinstance(entry, str):
-        return SubwordTokenizer.load(folder / entry)
-    if entry.get("kind") == "sentencepiece":
-        from models.core.sentencepiece_tokenizer import SentencePieceTokenizer
-        return SentencePieceTokenizer.from_entry(entry, folder)
-    if entry.get("kind") == "tokenizer.json":
-        from models.core.tokenizer_json import JsonTokenizer
-        return JsonTokenizer.from_entry(entry, folder)
-    raise ValueError(f"unknown tokenizer kind {entry.get('kind')!r}")

@@ -79,7 +79,7 @@ class RowControls:
     ban_unk: np.ndarray  # (B,) bool
     ban_eos: np.ndarray  # (B,) bool
     rank: np.ndarray  # (B,) int64: greedy rows take their rank-th best token (alternatives), 0 = the best
-    # Glossary terms (server/glossary/enforce.py): tokens whose score gets the row's bonus (-1 = none; K is
+    # Glossary terms (server/core/terms.py): tokens whose score gets the row's bonus (-1 = none; K is
     # the most any row has this step, 0 when none has): on the logits of greedy and sampling rows, on the
     # log-probabilities of beam rows (a beam's score then carries it).
     boost: np.ndarray = None  # (B, K) int64
@@ -114,7 +114,7 @@ class Choices:
     failed: Optional[np.ndarray] = field(default=None)
     # (B, K) float32: greedy rows' log p of each boosted token (RowControls.boost) before its bonus, less
     # their best token's (sampling rows never go back, so theirs is not computed): where the model found a pending glossary term plausible
-    # (server/glossary/placement.py). None when no row has boosts.
+    # (server/core/term_placement.py). None when no row has boosts.
     boost_logp: Optional[np.ndarray] = field(default=None)
 
 

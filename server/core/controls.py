@@ -13,7 +13,7 @@ import numpy as np
 
 from server.core.choose import BEAM, SAMPLE, RowControls
 from server.core.request import GenerationRules
-from server.glossary.enforce import SETTINGS as TERMS
+from server.core.terms import SETTINGS as TERMS
 
 
 def step_controls(running: list, rows: int, rules: GenerationRules) -> RowControls:

@@ -8,7 +8,7 @@ it. Rows are decoded in slot order.
 from __future__ import annotations
 
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, TYPE_CHECKING
 
 import numpy as np
 import onnxruntime as ort
@@ -21,8 +21,10 @@ from models.core.runtime import OnnxModel
 from models.core.static_decode import pad_batch
 from server.core.choose import Choices, RowControls, TokenChooser
 from server.core.greedy import choose_greedy, plain
-from server.metrics import Metrics
 from server.core.request import EmbedJob, Job
+
+if TYPE_CHECKING:  # the server hands its metrics in (server/metrics.py); the core only names their type
+    from server.metrics import Metrics
 
 
 def _for_cache(x, cache: SlotCache):

@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 
-from server import relay
+from server.core import relay
 from server.core.engine import Engine
 from server.core.errors import Internal, Unavailable
 from server.core.scheduler import Scheduler

@@ -75,7 +75,7 @@ class GenerationRules:
     early_stopping: bool = True
     start_id: int = 1  # the decoder's first input (BOS, or the model's decoder start token): part of the history
     # Each token's piece (its text, with the tokenizer's word mark): what glossary bookkeeping reads of the
-    # output (server/glossary/enforce.py). Empty: the model's jobs carry no glossary terms.
+    # output (server/core/terms.py). Empty: the model's jobs carry no glossary terms.
     pieces: tuple[str, ...] = ()
 
 
@@ -158,7 +158,7 @@ class Job(_Work):
     prefix: tuple[int, ...] = ()
     # Called by cancel() when the job lives in another process's scheduler (the engine core's link).
     on_cancel: Optional[Callable[["Job"], None]] = None
-    # Glossary terms the translation must contain (server/glossary/enforce.py): one constraint per
+    # Glossary terms the translation must contain (server/core/terms.py): one constraint per
     # target term, each (its spellings as written, its other forms' spellings, its text forms), a
     # spelling being a token sequence.
     terms: tuple[tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...], tuple[str, ...]], ...] = ()

@@ -21,20 +21,22 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, TYPE_CHECKING
 
 import numpy as np
 
 from models.core.beam import BeamState
 from models.core.kv_cache import Row, SlotCache
 from server.core.errors import Cancelled, DeadlineExceeded, Internal, InvalidArgument, ResourceExhausted, Unavailable
-from server.metrics import Metrics
 from server.core.request import EmbedJob, FinishEvent, FinishReason, GenerationRules, Hypothesis, Job, TokenEvent
 from server.core.choose import Choices, RowControls, make_rng
 from server.core.controls import step_controls
 from server.core.runaway import RunawayGuard
-from server.glossary import placement
-from server.glossary.enforce import SETTINGS as TERMS, Progress, TermSet, end_candidates, term_set
+from server.core import term_placement as placement
+from server.core.terms import SETTINGS as TERMS, Progress, TermSet, end_candidates, term_set
+
+if TYPE_CHECKING:  # the server hands its metrics in (server/metrics.py); the core only names their type
+    from server.metrics import Metrics
 
 log = logging.getLogger(__name__)
 # Queued work behind a job that cannot start yet is looked at for cancellations and deadlines this often,
@@ -61,7 +63,7 @@ class Running:
     step: int = 0
     plain: bool = False  # greedy, unscored, nothing forced: the engine's default choice, no controls to set
     scored: bool = False  # track log-probabilities: asked for, or needed to rank several hypotheses
-    # Glossary terms the job must write (server/glossary/enforce.py), and each row's progress on them
+    # Glossary terms the job must write (server/core/terms.py), and each row's progress on them
     # (per hypothesis, or per beam row: reordered with the beam).
     terms: Optional[TermSet] = None
     progress: list[Progress] = field(default_factory=list)
@@ -433,7 +435,7 @@ class Scheduler:
         for row, tok in zip(state.rows, tokens.tolist()):
             row.token = tok
 
-    # -- glossary terms a greedy row never began (server/glossary/placement.py) ---------------------
+    # -- glossary terms a greedy row never began (server/core/term_placement.py) ---------------------
     def _rewinds(self, state: Running) -> bool:
         """Whether the job's row may go back for a term it never began: greedy, one row, once (each time
         decodes the positions after the place again: once bounds what a sentence with many terms costs)."""

@@ -33,7 +33,7 @@ import numpy as np
 from server.coreprocess import protocol as wire
 from server.coreprocess.channel import FrameProtocol
 from server.core.errors import ServiceError, Unavailable
-from server.relay import Outflow, outflow_for
+from server.core.relay import Outflow, outflow_for
 from server.core.request import EmbedJob, FinishEvent, FinishReason, Hypothesis, Job, TokenEvent
 
 log = logging.getLogger("server.coreprocess")

@@ -38,7 +38,7 @@ import numpy as np
 from prometheus_client import generate_latest
 
 from models.core.bundle import discover
-from server import relay
+from server.core import relay
 from server.config import ServerConfig
 from server.coreprocess import protocol as wire
 from server.coreprocess.channel import Peer, listen

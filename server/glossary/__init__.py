@@ -4,7 +4,10 @@
     store.py     the durable store: SQLite, per tenant (API key id), bounded in count and size
     matching.py  where a dictionary's source terms occur in a sentence (word boundaries, longest
                  first, casing) and the target terms' token sequences a job must produce
-    enforce.py   per-row bookkeeping the scheduler keeps for those terms (token ids only)
+
+The decoding side lives in the engine core: server/core/terms.py (the per-row bookkeeping the scheduler
+keeps for those terms, token ids only) and server/core/term_placement.py (a term never begun, written
+where the model found it likeliest).
 
 The HTTP endpoints are server/http/glossaries.py; docs/glossaries.md says what decoding does with
 the terms and why, with the measurements.

@@ -18,8 +18,8 @@ covered when the output shows it as whole words (server/glossary/matching.py `ap
 Configurations: `none` (no glossary), `force` (a term begun by the model is completed, no bonus,
 ends allowed), `bonusN` (force + a bonus of N on pending terms' first tokens; `+eos` adds the end
 insertion, `+rampR` grows the bonus by R per token past `+fromF` x the source's length, `+rewind` sends
-a greedy row back to the likeliest place of a term it never began, server/glossary/placement.py), `chosen` (the
-server's settings, server/glossary/enforce.py SETTINGS), `placeholder` (the simplest baseline: each
+a greedy row back to the likeliest place of a term it never began, server/core/term_placement.py), `chosen` (the
+server's settings, server/core/terms.py SETTINGS), `placeholder` (the simplest baseline: each
 source term replaced by a placeholder the document pipeline takes out and puts back by word
 position, then the placeholder replaced by the target term). Decoding runs in this process, on
 the engine's own scheduler and choice code (one thread; nothing else runs alongside).
@@ -167,7 +167,7 @@ def placeholder_inputs(sentences, glossaries):
 def evaluate(pair: str, split: str, modes: list[str], configs: list[str], limit: int = 0,
              repository: Path = ROOT / "model_repository") -> list[dict]:
     import sacrebleu
-    from server.glossary import enforce
+    from server.core import terms as enforce
     from server.glossary.matching import appears
     data = test_set(split, pair, word_list(pair))
     if limit:

@@ -11,7 +11,7 @@ the longest term wins at each position and its words are not matched again (left
 of the same length, one whose casing equals the sentence's wins ("US" over "us" for "US").
 
 For each match the translation must contain the target term: `terms_for` turns the matched
-entries into the token sequences the scheduler enforces (server/glossary/enforce.py), each
+entries into the token sequences the scheduler enforces (server/core/terms.py), each
 with the variant a sentence-initial word would take (the first letter upper-cased), and keeps
 the matches themselves for the response's glossary hits.
 """
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from models.core.tokenizer import normalize
-from server.glossary.enforce import WORD_MARK, written
+from server.core.terms import WORD_MARK, written
 from server.glossary.entries import Entries
 from server.glossary.store import Dictionary
 
@@ -133,7 +133,7 @@ def _glued(tok, ids: tuple[int, ...]) -> Optional[tuple[int, ...]]:
 
 
 def term_tokens(tok, target: str, unk_id: Optional[int], cache: Optional[dict] = None) -> tuple:
-    """The target term as a constraint (server/glossary/enforce.py): (its spellings as written, its other
+    """The target term as a constraint (server/core/terms.py): (its spellings as written, its other
     forms' spellings, its text forms). A form the tokenizer cannot spell (an unknown token in it) is
     left out; a term whose form as written is unspellable is () and is reported, never forced."""
     key = ("tokens", id(tok), target)

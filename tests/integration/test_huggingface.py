@@ -18,7 +18,7 @@ from tests.serving import ServerThread  # noqa: E402
 
 from export.__main__ import main as export_main  # noqa: E402
 from models.core.bundle import load_bundle  # noqa: E402
-from models.core.tokenizer import load_tokenizer  # noqa: E402
+from models.core.bundle_tokenizer import load_tokenizer  # noqa: E402
 
 AWKWARD = [
     "A man is riding a bike.",

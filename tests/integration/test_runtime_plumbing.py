@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from server.relay import EventRelay
+from server.core.relay import EventRelay
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,7 +42,7 @@ def test_relay_keeps_order_and_coalesces_wakeups():
 
 
 def test_engine_thread_wakes_the_loop_once_per_step():
-    from server import relay as relay_mod
+    from server.core import relay as relay_mod
 
     async def main():
         relay = EventRelay(asyncio.get_running_loop())

@@ -10,7 +10,7 @@ from benchmarks.unary_vs_static import MODEL, SRC, greedy_dropping_finished
 from models.core import static_decode
 from models.core.bundle import load_bundle, newest_version
 from models.core.runtime import OnnxModel, RuntimeOptions
-from models.core.tokenizer import load_tokenizer
+from models.core.bundle_tokenizer import load_tokenizer
 from tests.serving import ROOT
 
 

@@ -12,7 +12,7 @@ import threading
 import numpy as np
 import pytest
 
-from server import relay
+from server.core import relay
 from server.coreprocess import protocol as wire
 from server.coreprocess.channel import Frames, Peer, frame
 from server.coreprocess.link import error_of

@@ -22,7 +22,7 @@ import time
 import pytest
 
 from server.core.errors import Cancelled, DeadlineExceeded, Internal, Unavailable
-from server.relay import EventRelay, relay_for
+from server.core.relay import EventRelay, relay_for
 from server.core.request import EmbedJob, ErrorEvent, FinishEvent, FinishReason, TokenEvent
 from tests.unit.test_engine_core_scripted import Bench, ScriptedRuntime
 
@@ -272,7 +272,7 @@ def test_one_failing_consumer_does_not_starve_the_others(caplog):
         poster.join()
         await asyncio.wait_for(arrived.wait(), WAIT)
         return got
-    with caplog.at_level(logging.ERROR, logger="server.relay"):
+    with caplog.at_level(logging.ERROR, logger="server.core.relay"):
         assert asyncio.run(main()) == [2]
     assert "event delivery failed" in caplog.text
 

@@ -1,4 +1,4 @@
-"""Glossary terms in decoding: the per-row bookkeeping (server/glossary/enforce.py), the bonus in token
+"""Glossary terms in decoding: the per-row bookkeeping (server/core/terms.py), the bonus in token
 choice (server/core/choose.py), and whole jobs through the real scheduler, engine and chooser around
 the scripted runtime of tests/unit/test_engine_core_scripted.py (greedy, beam, sampling; untouched
 rows; batch invariance)."""
@@ -12,9 +12,9 @@ import pytest
 
 from server.core.choose import RowControls, TokenChooser
 from server.core.request import GenerationRules
-from server.glossary import enforce
-from server.glossary import placement
-from server.glossary.enforce import TermSet, vocabulary
+from server.core import terms as enforce
+from server.core import term_placement as placement
+from server.core.terms import TermSet, vocabulary
 from tests.unit.test_engine_core_scripted import BOS, EOS, Bench, ScriptedRuntime, follows, says
 
 # Token texts for the scripted model's 100 ids: "▁w<i>" unless named here.

@@ -58,7 +58,7 @@ class Settings:
     ramp: float = 0.0
     ramp_from: float = 0.5
     # A greedy row ending with a term it never began goes back to where the model found the term likeliest
-    # (server/glossary/placement.py); False: the term is written before the ending (the rule above).
+    # (server/core/term_placement.py); False: the term is written before the ending (the rule above).
     rewind: bool = True
     # ... only to a place where the term's first token was within this many nats of the model's choice
     # (a term the model never found plausible anywhere costs a rewind and gains no place: the end will do).

@@ -14,14 +14,14 @@ back is setting the row's length (models/core/kv_cache.py `SlotCache.rewind`); o
 the place are decoded again. Where the best place is the end itself, the term is written before the
 ending as before. Each row decides from its own scores alone, so the answer is the same in any batch.
 Only greedy rows go back (a sampling row's later draws would be other draws; a beam already ranks its
-candidates, server/glossary/enforce.py). A stream whose terms are not all written yet holds its text
+candidates, server/core/terms.py). A stream whose terms are not all written yet holds its text
 (server/core/scheduler.py `_holds`): streamed and unary answers stay the same tokens.
 """
 from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
 
-from server.glossary.enforce import Progress, TermSet
+from server.core.terms import Progress, TermSet
 
 
 class Replay:

@@ -34,7 +34,7 @@ from models.core.bundle_tokenizer import load_tokenizer
 from models.core.tokenizer import SubwordTokenizer
 from protos.nmt.v1 import translator_pb2 as pb
 from protos.nmt.v1 import translator_pb2_grpc as pb_grpc
-from server.detok import IncrementalDetokenizer
+from server.frontend.detok import IncrementalDetokenizer
 
 MODEL_NAME = "ct2"
 # CTranslate2 chooses its CPU GEMM library itself (Intel MKL on Intel CPUs, oneDNN elsewhere); these settings

@@ -210,7 +210,7 @@ def docx_shape(data: bytes) -> dict:
 
 # -- the native files API -------------------------------------------------------------------------
 class Files:
-    """POST /v1/files, GET /v1/files/{id}, GET /v1/files/{id}/content (server/http/documents.py)."""
+    """POST /v1/files, GET /v1/files/{id}, GET /v1/files/{id}/content (server/edge/http/documents.py)."""
 
     def __init__(self, base_url: str, source: str, target: str):
         import httpx
@@ -620,7 +620,7 @@ def render(results: dict, args, argv: list[str]) -> str:
         "background replica's start included); a document job sends at most "
         f"{CALLS_PER_JOB} Translate calls at a time (docs/documents.md), marked PRIORITY_BACKGROUND: they decode "
         "in the background replica, an engine core at nice 19 that runs on the CPU time interactive calls leave "
-        "(server/coreprocess/replicas.py)" + (
+        "(server/frontend/cores/replicas.py)" + (
             f"; without it (the baseline) the document took {s['document_shared']['segments_per_s']:.1f} "
             f"segments/s from the interactive calls' share and their TTFT p50 went {s['ratio_shared']['ttft_p50_ms']:.2f}x."
             if "shared" in s else "."),

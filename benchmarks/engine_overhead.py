@@ -69,8 +69,8 @@ def measure(bundle_path: Path, rows: int, steps: int, mode: str, threads: int, f
             variant: str = "fp32") -> dict:
     from models.core.bundle import load_bundle
     from server.config import ServerConfig
-    from server.hosted import HostedModel
-    from server.metrics import Metrics
+    from server.frontend.hosted import HostedModel
+    from server.observability.metrics import Metrics
     from server.core.request import DecodingParams
 
     beam = int(mode[4:]) if mode.startswith("beam") else 1

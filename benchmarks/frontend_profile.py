@@ -103,7 +103,7 @@ IDLE = {("_worker", "concurrent/futures/thread.py"), ("_PollLikeSelector.select"
 STAGES = (
     ("tokenise", lambda func, file: file == "models/core/tokenizer.py" and "decode" not in func
      and "pieces_to_text" not in func),
-    ("detokenise", lambda func, file: file in ("models/core/tokenizer.py", "server/detok.py")),
+    ("detokenise", lambda func, file: file in ("models/core/tokenizer.py", "server/frontend/detok.py")),
     ("encode (encoder pass)", lambda func, file: ("encode" in func or "embed" in func)
      and file in ("models/core/runtime.py", "server/core/engine.py")),
     ("decode (steps, token choice, bookkeeping)", lambda func, file: file.startswith(
@@ -116,14 +116,14 @@ STAGES = (
                                                                 "server/documents/plan.py",
                                                                 "server/documents/placeholders.py"))),
     ("assemble the answer", lambda func, file: file.startswith("server/documents/")),
-    ("route and check (admission, language id)", lambda func, file: file in ("server/admission.py",
-                                                                             "server/language_id.py")),
-    ("queue (submit, schedule)", lambda func, file: file in ("server/hosted.py", "server/core/scheduler.py",
+    ("route and check (admission, language id)", lambda func, file: file in ("server/frontend/admission.py",
+                                                                             "server/frontend/language_id.py")),
+    ("queue (submit, schedule)", lambda func, file: file in ("server/frontend/hosted.py", "server/core/scheduler.py",
                                                              "server/core/request.py")),
     ("hop (relay, core link)", lambda func, file: file == "server/core/relay.py" or file.startswith("server/coreprocess/")),
-    ("log and metrics", lambda func, file: file.startswith(("server/observability/", "server/metrics.py"))),
-    ("handler and response messages", lambda func, file: file.startswith(("server/service.py", "server/wire.py",
-                                                                          "server/gateway.py"))),
+    ("log and metrics", lambda func, file: file.startswith(("server/observability/", "server/observability/metrics.py"))),
+    ("handler and response messages", lambda func, file: file.startswith(("server/edge/servicer.py", "server/edge/wire.py",
+                                                                          "server/edge/gateway.py"))),
 )
 
 

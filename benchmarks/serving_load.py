@@ -118,8 +118,8 @@ def time_inside(*sessions) -> Callable[[], float]:
 async def inprocess(args, texts) -> dict:
     from models.core.bundle import discover
     from server.config import ServerConfig
-    from server.hosted import HostedModel
-    from server.metrics import Metrics
+    from server.frontend.hosted import HostedModel
+    from server.observability.metrics import Metrics
     from server.core.relay import relay_for
     from server.core.request import DecodingParams, ErrorEvent, FinishEvent, TokenEvent
     cfg = ServerConfig.from_args(server_flags(args))
@@ -168,7 +168,7 @@ async def through_grpc(args, texts) -> dict:
         cpu = lambda: (cpu_seconds(), cpu_seconds(server.pid))  # noqa: E731 (client, server and its children)
         # Every call names the model the in-process engine runs (the repository's first): the same work
         # on both sides. A call naming no model, with several loaded, is also routed by language
-        # identification (server/admission.py), which the in-process path never does.
+        # identification (server/frontend/admission.py), which the in-process path never does.
         name = discover(args.repository)[0].name
         streams, turn = [grpc_stream(c, model=name) for c in clients], itertools.count()
 

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Sequence
 
 from models.core.bundle import BundleError
-from server.app import EXIT_ENGINE_FAILED, ConfigError, TranslationServer
+from server.frontend.server import EXIT_ENGINE_FAILED, ConfigError, TranslationServer
 from server.config import ServerConfig
-from server.imports import ImportFailed, prepare_repository
+from server.frontend.model_imports import ImportFailed, prepare_repository
 from server.observability import logs
 from models.core.heap import limit_malloc_arenas
 

@@ -176,12 +176,12 @@ HELP = {
     "engine_replicas": "engine core processes (--engine-core process), each with every model, its own ONNX Runtime "
                        "sessions, slot cache, scheduler and loop; a call goes to the replica with the least "
                        "outstanding work, a replica that dies costs only its own calls and restarts while the "
-                       "others serve (server/coreprocess/replicas.py); 0 = one per physical core (less one per "
+                       "others serve (server/frontend/cores/replicas.py); 0 = one per physical core (less one per "
                        "extra frontend) with --engine-core process, else 1",
     "spread_row_cost_ms": "with engine replicas: streams of a model whose decode rows each cost more than this "
                           "per step (measured by every engine core once warm) go to the replica with the least "
                           "outstanding work, as every other call does; cheaper models' streams fill one "
-                          "replica's batch before the next (server/coreprocess/placement.py: spreading pays "
+                          "replica's batch before the next (server/frontend/cores/placement.py: spreading pays "
                           "when a row costs more than the rest of a token's CPU, a message per token for a "
                           "stream); 0 = spread every stream; >= 0",
     "frontends": "gRPC/HTTP frontend processes sharing the ports over one engine core (needs --engine-core "
@@ -220,9 +220,9 @@ class ServerConfig:
     http_max_connections: int = 1000
     http_max_header_bytes: int = 16384
     http_body_timeout_s: float = 30.0
-    web_ui: bool = True  # the translator and status pages (server/http/pages.py)
+    web_ui: bool = True  # the translator and status pages (server/edge/http/pages.py)
     model_repository: str = str(DEFAULT_REPOSITORY)
-    model: tuple = ()  # Hugging Face models to import and serve (server/imports.py); replaces model_repository
+    model: tuple = ()  # Hugging Face models to import and serve (server/frontend/model_imports.py); replaces model_repository
     cache_dir: str = ""
     default_model: str = ""  # empty = the first model by name
     variant: str = "fp32"  # fp32 | int8 | fp16

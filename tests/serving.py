@@ -12,7 +12,7 @@ from pathlib import Path
 
 from benchmarks.harness import ServerProcess
 from models.data import multi30k_file
-from server.app import TranslationServer
+from server.frontend.server import TranslationServer
 from server.config import ServerConfig
 
 ROOT = Path(__file__).resolve().parents[1]

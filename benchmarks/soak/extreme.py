@@ -1,5 +1,5 @@
 """Extreme but valid decoding settings for the soak: every value at an edge that admission accepts
-(server/hosted.py `param_problems`: temperature in [0, 100], top_p in [0, 1], repetition_penalty in
+(server/frontend/hosted.py `param_problems`: temperature in [0, 100], top_p in [0, 1], repetition_penalty in
 (0, 10], no_repeat_ngram_size in [0, 10], min_output_tokens up to the output budget, beam_size and
 alternatives up to the server's limits; top_k and seed unbounded), alone and combined.
 

@@ -177,7 +177,7 @@ def option_cases(max_texts: int, max_beam: int) -> list[FuzzCase]:
         (f"texts={max_texts + 1}", T(texts=["A dog."] * (max_texts + 1)), INVALID),
         ("text=emoji", T(texts=["A dog 🐶 chases a ball 🎾 in the park 🌳."]), OK_OR_FULL),
         # Without a source language, texts confidently in a language no model serves are refused (the
-        # source language is detected: server/language_id.py); named as English, they are translated.
+        # source language is detected: server/frontend/language_id.py); named as English, they are translated.
         ("text=CJK", T(texts=["一只狗在公园里跑。", "犬が公園で走っている。"]), INVALID),
         ("text=CJK as en", T(texts=["一只狗在公园里跑。", "犬が公園で走っている。"], source_language="en"), OK_OR_FULL),
         ("text=RTL+combining", T(texts=["A man says كلب and e\u0301te\u0301."]), OK_OR_FULL),

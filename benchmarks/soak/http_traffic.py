@@ -1,4 +1,4 @@
-"""The soak's HTTP traffic (server/http/): the three APIs through one keep-alive client, and the hostile cases.
+"""The soak's HTTP traffic (server/edge/http/): the three APIs through one keep-alive client, and the hostile cases.
 
 All legal calls share one httpx.AsyncClient with a small connection pool, so connections are reused
 and a connection the server drops without `Connection: close` fails a later call (recorded as

@@ -3,7 +3,7 @@
     python -m benchmarks.studies.http_throughput [--clients 4] [--batch 32] [--calls 20] [--rounds 5]
 
 One server process serves both ports (the HTTP edge runs the gRPC servicer in process,
-server/gateway.py). Each round runs, one after the other, `--clients` threads sending
+server/edge/gateway.py). Each round runs, one after the other, `--clients` threads sending
 `--calls` Translate calls of `--batch` test sentences each through: gRPC (the project's client
 library), the native HTTP API (`POST /v1/translate`, httpx with keep-alive), and DeepL's
 `POST /v2/translate` (the deepl library's request shape, through httpx). The order rotates from

@@ -40,7 +40,7 @@ def release_free_heap() -> bool:
     """Hand the free pages of every glibc heap back to the kernel (malloc_trim(0)); True if it did. For
     moments after a burst: an idle engine (models/core/runtime.py OnnxModel.release_idle_memory; its
     keep_freed_memory keeps them while it runs steps) and the language identifier's one-off load
-    (server/language_id.py). A no-op where libc is not glibc."""
+    (server/frontend/language_id.py). A no-op where libc is not glibc."""
     try:
         return bool(ctypes.CDLL("libc.so.6").malloc_trim(0))
     except (OSError, AttributeError):

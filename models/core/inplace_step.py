@@ -28,7 +28,7 @@ free slot's first position, which a row given that slot later overwrites
 before it reads it. The per-step inputs live in one (3, capacity) device array
 at a fixed address, refreshed by one copy per step; each bucket is its own
 graph (run option gpu_graph_id), captured at warm-up on the engine thread
-(server/hosted.py warm_buckets). On the CPU the same padding runs without
+(server/frontend/hosted.py warm_buckets). On the CPU the same padding runs without
 graphs, which is how CI checks it.
 """
 from __future__ import annotations

@@ -12,7 +12,7 @@ What both tokenizers do, and this class repeats:
   * </s> is appended.
 Marian also splits a leading `>>xxx<<` target-language code off the text as
 one piece (multi-target OPUS-MT models). M2M100/NLLB language tokens are
-added by the caller (server/hosted.py), since which one depends on the request.
+added by the caller (server/frontend/hosted.py), since which one depends on the request.
 
 Decoding drops special tokens (</s>, <pad>, <unk>, language tokens), joins the
 pieces and turns the "▁" word marker into spaces, as `decode(...,

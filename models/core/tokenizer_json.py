@@ -3,7 +3,7 @@
 Imports no torch and no transformers. transformers' NllbTokenizer is this same
 file run by the same Rust library; what it adds around it, and this class
 repeats, is the id layout: the source is `[source language] pieces </s>` (the
-language token is added by the caller, server/hosted.py, from the request),
+language token is added by the caller, server/frontend/hosted.py, from the request),
 and decoding skips special tokens (</s>, <pad>, <unk>, the language codes).
 Unlike models/core/tokenizer.py's SubwordTokenizer it does not require this repo's
 fixed special ids (NLLB has <s> 0, <pad> 1, </s> 2, <unk> 3).

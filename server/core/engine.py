@@ -23,8 +23,8 @@ from server.core.choose import Choices, RowControls, TokenChooser
 from server.core.greedy import choose_greedy, plain
 from server.core.request import EmbedJob, Job
 
-if TYPE_CHECKING:  # the server hands its metrics in (server/metrics.py); the core only names their type
-    from server.metrics import Metrics
+if TYPE_CHECKING:  # the server hands its metrics in (server/observability/metrics.py); the core only names their type
+    from server.observability.metrics import Metrics
 
 
 def _for_cache(x, cache: SlotCache):

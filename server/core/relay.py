@@ -101,8 +101,8 @@ def flush() -> None:
 
 class Outflow:
     """This loop's backlog of stream work: how many streams have events they have not taken yet (a
-    stream blocked in a write is not counted, server/service.py `_StreamInbox`). The engine core's
-    link waits for it to empty before asking the core for more (server/coreprocess/link.py): while the
+    stream blocked in a write is not counted, server/edge/servicer.py `_StreamInbox`). The engine core's
+    link waits for it to empty before asking the core for more (server/frontend/cores/link.py): while the
     frontend is busy, the core keeps merging tokens, so each stream's next message carries all of
     them (coalescing by back-pressure); an idle frontend empties it at once."""
 

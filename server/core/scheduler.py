@@ -35,8 +35,8 @@ from server.core.runaway import RunawayGuard
 from server.core import term_placement as placement
 from server.core.terms import SETTINGS as TERMS, Progress, TermSet, end_candidates, term_set
 
-if TYPE_CHECKING:  # the server hands its metrics in (server/metrics.py); the core only names their type
-    from server.metrics import Metrics
+if TYPE_CHECKING:  # the server hands its metrics in (server/observability/metrics.py); the core only names their type
+    from server.observability.metrics import Metrics
 
 log = logging.getLogger(__name__)
 # Queued work behind a job that cannot start yet is looked at for cancellations and deadlines this often,

@@ -1,5 +1,5 @@
 """python -m server.coreprocess --config FILE --address ADDR --parent PID: the engine core process,
-started by a frontend's supervisor (server/coreprocess/supervisor.py), never by hand."""
+started by a frontend's supervisor (server/frontend/cores/supervisor.py), never by hand."""
 from __future__ import annotations
 
 import argparse

@@ -4,7 +4,7 @@ no HTTP.
 
 Why a process of its own (issue 22): in one process the frontend's per-message gRPC work and the
 engine's per-step Python share one interpreter lock, and a native crash in a kernel takes every
-caller's connection with it. Here the frontends (server/coreprocess/link.py) keep the callers,
+caller's connection with it. Here the frontends (server/frontend/cores/link.py) keep the callers,
 the protobuf, documents and detokenisation; the core keeps the model and the decode loop.
 
 Threads: one engine loop per model (server/core/loop.py, unchanged), and this process's main thread,
@@ -42,10 +42,10 @@ from server.core import relay
 from server.config import ServerConfig
 from server.coreprocess import protocol as wire
 from server.coreprocess.channel import Peer, listen
-from server.coreprocess.placement import measure_row_cost
+from server.frontend.cores.placement import measure_row_cost
 from server.core.errors import ServiceError
-from server.hosted import HostedModel
-from server.metrics import Metrics
+from server.frontend.hosted import HostedModel
+from server.observability.metrics import Metrics
 from server.observability import logs
 from server.core.request import EmbedJob, ErrorEvent, FinishEvent, Job, TokenEvent
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from models.core.tokenizer import SubwordTokenizer
-from server.detok import IncrementalDetokenizer
+from server.frontend.detok import IncrementalDetokenizer
 from server.documents.plan import Plan, Unit
 from server.core.request import FinishEvent, FinishReason, Timing
 

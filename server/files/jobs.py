@@ -39,7 +39,7 @@ import grpc
 
 from server.files import Document, FileError, Format, format_of, read
 from server.files.spool import FINISHED, Spool, alive
-from server.gateway import Caller, CallFailed
+from server.edge.gateway import Caller, CallFailed
 from server.security.usage import QUOTA_REASON
 
 READERS = 2

@@ -4,10 +4,10 @@
     async for message in files.translate(request, caller_of(context)):  # pb.TranslateFileResponse
         await context.write(message)
 
-The servicer (server/service.py TranslateFile) only writes what this yields; status codes come from
+The servicer (server/edge/servicer.py TranslateFile) only writes what this yields; status codes come from
 the ServiceErrors raised here, through its `_guard` like every RPC's.
 
-Why a Jobs of its own rather than the HTTP port's (server/http/documents.py):
+Why a Jobs of its own rather than the HTTP port's (server/edge/http/documents.py):
 * the gRPC server translates files with the HTTP port off (--http-port -1) too;
 * its jobs are reached only through the call that made them, never by id: no download or DELETE of
   another API can take one, and the call ending (result sent, job failed, client cancelled, deadline
@@ -16,7 +16,7 @@ It keeps its records in the same spool directory (--document-dir) as the HTTP po
 on unfinished jobs and bytes held (jobs.py MAX_ACTIVE, MAX_JOBS, MAX_BYTES) count both APIs' documents.
 
 Every segment is translated as the HTTP port's are: a Translate call through the in-process Gateway
-(server/gateway.py) with the gRPC caller's API key and request id, so the key's model permissions,
+(server/edge/gateway.py) with the gRPC caller's API key and request id, so the key's model permissions,
 rate limits and character quota apply to each call, and the access log shows them under the file
 call's request id.
 """
@@ -31,7 +31,7 @@ from server.core.errors import InvalidArgument, ResourceExhausted, ServiceError,
 from server.files import LIMITS, FileError
 from server.files.detect import document_source
 from server.files.jobs import Full, Job, JobFailed, Jobs
-from server.gateway import Caller, CallFailed, Gateway
+from server.edge.gateway import Caller, CallFailed, Gateway
 from server.observability import calls
 from server.security.auth import bearer_key
 

@@ -9,6 +9,6 @@ The decoding side lives in the engine core: server/core/terms.py (the per-row bo
 keeps for those terms, token ids only) and server/core/term_placement.py (a term never begun, written
 where the model found it likeliest).
 
-The HTTP endpoints are server/http/glossaries.py; docs/glossaries.md says what decoding does with
+The HTTP endpoints are server/edge/http/glossaries.py; docs/glossaries.md says what decoding does with
 the terms and why, with the measurements.
 """

@@ -11,7 +11,7 @@ DeepL's rules, which its client libraries also check before sending (deepl-pytho
   * no source term twice in one dictionary (the exact string; DeepL's "duplicates key");
   * a glossary's entries are at most 10 MiB (10485760 bytes) in all; its name 1 to 1024 UTF-8 bytes.
 Refusals are `GlossaryError`s carrying DeepL's status and message ("Invalid glossary entries
-provided", with a detail naming the entry) for server/http/glossaries.py to send as they are.
+provided", with a detail naming the entry) for server/edge/http/glossaries.py to send as they are.
 """
 from __future__ import annotations
 

@@ -109,8 +109,8 @@ class Decoder:
     def __init__(self, pair: str, rows: int = 64, repository: Path = ROOT / "model_repository"):
         from models.core.bundle import discover
         from server.config import ServerConfig
-        from server.hosted import HostedModel
-        from server.metrics import Metrics
+        from server.frontend.hosted import HostedModel
+        from server.observability.metrics import Metrics
         cfg = ServerConfig(max_batch_size=rows, max_queue_size=100_000, warmup=False, intra_op_threads=1,
                            max_batch_tokens=8192)
         bundle = [b for b in discover(repository) if b.target_language == pair][0]

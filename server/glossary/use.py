@@ -1,8 +1,8 @@
 """A translation request's glossary, from the request to the jobs and back to the response.
 
-Admission (server/admission.py) calls `lookup` once a request is routed (the language pair is
+Admission (server/frontend/admission.py) calls `lookup` once a request is routed (the language pair is
 then known), `literal` once its texts are split, and `attach` once its jobs are built; the service
-(server/service.py) calls `hits` with each text's translation. `literal` takes the sentences
+(server/edge/servicer.py) calls `hits` with each text's translation. `literal` takes the sentences
 that are one term and nothing else out of the model's work. Kept apart from admission so that
 file only calls in.
 """

@@ -4,5 +4,5 @@ calls.py    the per-RPC record (request id, model, counts, engine timings) and t
 logs.py     logging set-up: JSON or text lines on stderr, written off the event loop
 tracing.py  OpenTelemetry spans over OTLP, only when configured and installed (the `otel` extra)
 
-Metrics stay in server/metrics.py. See docs/observability.md.
+Metrics stay in server/observability/metrics.py. See docs/observability.md.
 """

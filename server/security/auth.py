@@ -34,7 +34,7 @@ from server.core.errors import bounded, shown
 from server.observability.calls import CALLER_KEY_ID
 from server.security.keys import ApiKey, KeyStore
 from server.security.ratelimit import Cost, RateLimiter, Refusal, estimate, reported
-from server.wire import Malformed
+from server.edge.wire import Malformed
 
 log = logging.getLogger(__name__)
 

@@ -83,7 +83,7 @@ def test_the_engine_chooses_greedy_tokens_on_the_device(bundle):
     from models.core.kv_cache import SlotCache
     from server.core.choose import RowControls, TokenChooser
     from server.core.engine import Engine
-    from server.metrics import Metrics
+    from server.observability.metrics import Metrics
     if not device_arrays_available():
         pytest.skip("CuPy is not installed: the logits come to the host")
 
@@ -115,7 +115,7 @@ def test_cuda_graphs_replay_the_step_with_the_cpu_tokens_as_rows_come_and_go(bun
     from models.core.kv_cache import SlotCache
     from server.core.choose import RowControls, TokenChooser
     from server.core.engine import Engine
-    from server.metrics import Metrics
+    from server.observability.metrics import Metrics
     if not device_arrays_available():
         pytest.skip("CuPy is not installed: no device cache, no graphs")
 

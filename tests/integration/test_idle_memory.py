@@ -19,8 +19,8 @@ import json, threading, time
 from models.core.bundle import discover
 from server.config import ServerConfig
 from server.core.request import DecodingParams, ErrorEvent, FinishEvent
-from server.hosted import HostedModel
-from server.metrics import Metrics
+from server.frontend.hosted import HostedModel
+from server.observability.metrics import Metrics
 
 def rss():
     with open("/proc/self/status") as f:

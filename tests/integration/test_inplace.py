@@ -20,7 +20,7 @@ from models.core.runtime import OnnxModel, RuntimeOptions
 from models.core.static_decode import pad_batch
 from server.core.choose import TokenChooser
 from server.core.engine import Engine
-from server.metrics import Metrics
+from server.observability.metrics import Metrics
 
 BUNDLE = newest_version(REPOSITORY / "multi30k-en-de-small")
 SLOTS, MAX_SOURCE, MAX_TARGET = 8, 40, 48
@@ -210,7 +210,7 @@ def test_warm_buckets_runs_the_step_at_every_bucket_before_traffic(bundle):
     captures in the calling thread's context, in global capture mode): warm_buckets runs the step at
     exactly each bucket's row count. On the CPU the same bucketed step shows which counts ran."""
     from server.config import ServerConfig
-    from server.hosted import HostedModel
+    from server.frontend.hosted import HostedModel
     # the shared thread pool, as the other tests of this process made it (a pool is per process)
     cfg = ServerConfig(model_repository=str(REPOSITORY), provider="cpu", max_batch_size=SLOTS, warmup=False,
                        ort_spinning="true")

@@ -1,4 +1,4 @@
-"""server/coreprocess/placement.py: the decode step's cost per row, measured through a real engine loop over
+"""server/frontend/cores/placement.py: the decode step's cost per row, measured through a real engine loop over
 the shipped model, and the line that decides whether a model's calls pack one replica or spread."""
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 
 from models.core.bundle import load_bundle, newest_version
 from server.config import ServerConfig
-from server.coreprocess import placement
-from server.hosted import HostedModel
-from server.metrics import Metrics
+from server.frontend.cores import placement
+from server.frontend.hosted import HostedModel
+from server.observability.metrics import Metrics
 from tests.serving import REPOSITORY
 
 BUNDLE = newest_version(REPOSITORY / "multi30k-en-de-small")

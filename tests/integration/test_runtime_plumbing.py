@@ -120,8 +120,8 @@ import os
 import models.core.runtime  # ONNX Runtime loaded first (the model imports it on demand): its own threads
 from models.core.bundle import discover
 from server.config import ServerConfig
-from server.hosted import HostedModel
-from server.metrics import Metrics
+from server.frontend.hosted import HostedModel
+from server.observability.metrics import Metrics
 cfg = ServerConfig.from_args(["--model-repository", "model_repository", "--intra-op-threads", "2"])
 assert cfg.spinning is False, cfg.ort_spinning
 threads = lambda: len(os.listdir("/proc/self/task"))  # noqa: E731

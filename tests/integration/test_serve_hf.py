@@ -1,4 +1,4 @@
-"""server/imports.py: a Hugging Face model imported once into a cache and served from it.
+"""server/frontend/model_imports.py: a Hugging Face model imported once into a cache and served from it.
 
 Real imports of a tiny MarianMT built here (tests/hf_models.py) through `python -m export` in a
 subprocess; nothing is mocked. That the importer did not run again is shown without timing: the
@@ -22,7 +22,7 @@ import pytest
 
 from benchmarks.harness import ServerProcess, run_server
 from models.core.bundle import discover, load_bundle
-from server.imports import ImportFailed, bundle_name, default_cache_dir, describe, prepare_repository
+from server.frontend.model_imports import ImportFailed, bundle_name, default_cache_dir, describe, prepare_repository
 
 ROOT = Path(__file__).resolve().parents[2]
 LANGS = {("en", "xx"), ("en", "yy")}  # hf_models.build_marian's multi-target pairs
@@ -36,7 +36,7 @@ sys.path[:] = [{str(ROOT)!r}] + [p for p in sys.path[1:] if p not in site.getsit
 from importlib.util import find_spec
 assert find_spec("torch") is None, "torch still importable"
 logging.basicConfig(level=logging.INFO, format="%(event)s")
-from server.imports import ImportFailed, prepare_repository
+from server.frontend.model_imports import ImportFailed, prepare_repository
 out = {{}}
 try:
     out["repo"] = str(prepare_repository(sys.argv[1:-1], sys.argv[-1]))
@@ -48,7 +48,7 @@ print(json.dumps(out))
 
 
 class Events(logging.Handler):
-    """The `event` of every record server.imports logs (import_started, import_done, import_reused...)."""
+    """The `event` of every record server.frontend.model_imports logs (import_started, import_done, import_reused...)."""
 
     def __init__(self, name: str):
         super().__init__()
@@ -242,7 +242,7 @@ def test_concurrent_starts_import_once(hf_dir, tmp_path, events):
 def test_a_killed_import_leaves_nothing_to_reuse(hf_dir, tmp_path, events):
     copy = shutil.copytree(hf_dir, tmp_path / "killed")
     cache = tmp_path / "cache"
-    code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from server.imports import prepare_repository; " \
+    code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from server.frontend.model_imports import prepare_repository; " \
            f"prepare_repository([{str(copy)!r}], {str(cache)!r})"
     proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True, stderr=subprocess.DEVNULL)
     try:

@@ -209,7 +209,7 @@ def test_the_xml_view_maps_back_to_every_byte_of_the_markup():
     """What the planner reads is the text with each piece of markup aliased; the aliases map back to the
     markup exactly, whatever it is: comments, CDATA, processing instructions, unclosed or stray tags,
     text that already says "nmt"."""
-    from server.http.deepl import XmlTags
+    from server.edge.http.deepl import XmlTags
     texts = ['<?xml version="1.0"?><!-- c --><doc a="1 > 2"><![CDATA[x < y]]> nmt <b>one</b><x/></doc>',
              '<x id="1">open <y>never</y> closed', '</stray> text </x> <br/> <nmt-i nmt="0"> a',
              'plain text', '<a><b><a>deep</a></b></a>', '']

@@ -71,8 +71,8 @@ def test_dockerfiles_copy_real_paths_and_agree_with_the_server(dockerfile, compo
 # engine cores builds its models (engine=False).
 LOAD_MODEL = ("from models.core.bundle import discover\n"
               "from server.config import ServerConfig\n"
-              "from server.hosted import HostedModel\n"
-              "from server.metrics import Metrics\n"
+              "from server.frontend.hosted import HostedModel\n"
+              "from server.observability.metrics import Metrics\n"
               "cfg = ServerConfig(model_repository='model_repository')\n")
 
 
@@ -87,7 +87,7 @@ def test_engine_core_imports_no_grpc_or_protobuf():
     """The engine core (request, scheduler, loop, engine, token choice, hosted model) is plain Python
     and numpy: errors are plain kinds that the service edge maps to status codes."""
     assert loaded_packages("import server.core.scheduler, server.core.controls, server.core.loop, server.core.engine, "
-                           "server.core.choose, server.core.request, server.hosted, server.core.errors",
+                           "server.core.choose, server.core.request, server.frontend.hosted, server.core.errors",
                            ("grpc", "google")) == []
     # The engine core process each replica runs: its wire is msgspec over zmq, so grpc (~10 MB resident
     # with its TLS library, in every replica) has no business there either.
@@ -100,7 +100,7 @@ def test_a_frontend_over_engine_cores_loads_no_onnx_runtime():
     """With --engine-core process the frontend builds requests and never runs a model: ONNX Runtime (~20 MB
     resident) stays out of it, through its start (metrics, the replica count's CUDA check, the models'
     tokenizers and checks)."""
-    assert loaded_packages("import server.__main__, server.app\n" + LOAD_MODEL +
+    assert loaded_packages("import server.__main__, server.frontend.server\n" + LOAD_MODEL +
                            "metrics = Metrics()\n"
                            "assert cfg.replicas >= 1 and cfg.background_core in (True, False)\n"
                            "[HostedModel(b, cfg, metrics, engine=False) for b in discover(cfg.model_repository)]",
@@ -108,7 +108,7 @@ def test_a_frontend_over_engine_cores_loads_no_onnx_runtime():
 
 
 def test_serving_runtime_imports_no_torch():
-    code = ("import sys, server.__main__, server.app, server.core.engine, client.__main__, "
+    code = ("import sys, server.__main__, server.frontend.server, server.core.engine, client.__main__, "
             "models.core.sentencepiece_tokenizer, "
             "models.core.tokenizer_json; "
             "print(sorted(m for m in sys.modules if m in ('torch', 'transformers') "

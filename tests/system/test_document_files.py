@@ -488,7 +488,7 @@ def test_jobs_bounds_expiry_and_failures(monkeypatch):
     import grpc
 
     from server.files import jobs as jobs_module
-    from server.gateway import Caller, CallFailed
+    from server.edge.gateway import Caller, CallFailed
     now = [1000.0]
     gate = None
 

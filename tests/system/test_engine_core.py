@@ -221,7 +221,7 @@ def test_a_dead_frontend_takes_its_core_with_it():
 
 def test_the_core_loads_no_tokenizer(core_server):
     """The core decodes ids its frontend tokenised; it gets the vocabulary's pieces from the frontend
-    (server/hosted.py) rather than loading the tokenizers library and each model's tokenizer (~11 MB
+    (server/frontend/hosted.py) rather than loading the tokenizers library and each model's tokenizer (~11 MB
     resident per replica, measured), and its output is the frontend's, as every test here checks."""
     srv, client = core_server
     with open(f"/proc/{core_pid(srv)}/maps", encoding="utf-8") as f:

@@ -144,7 +144,7 @@ def test_sigterm_drains_every_frontend():
         with TranslatorClient(f"127.0.0.1:{port}", timeout=60, retries=0) as client:
             wait_process_serving(client, proc)
         children = descendants(proc.pid)
-        (extra,) = [p for p in children if "server.coreprocess.frontend" in cmdline(p)]
+        (extra,) = [p for p in children if "server.frontend.extra" in cmdline(p)]
         target = f"127.0.0.1:{port}"
         held = connections_by_holder(target, port, [proc.pid, extra], {proc.pid, extra})
         request = pb.TranslateStreamRequest(text="A dog runs on the beach.", options=options(**LONG))

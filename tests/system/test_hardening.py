@@ -17,9 +17,9 @@ from tests.serving import ROOT, EngineGate, ServerThread, wait_for
 from client import TranslatorClient
 from models.core.bundle import discover
 from models.core.kv_cache import SlotCache
-from server.app import ConfigError
+from server.frontend.server import ConfigError
 from server.config import ServerConfig
-from server.metrics import Metrics
+from server.observability.metrics import Metrics
 from server.core.request import DecodingParams, Job
 from server.core.scheduler import Scheduler
 
@@ -88,7 +88,7 @@ def test_long_text_refused_before_tokenisation(server, client, monkeypatch):
 def test_large_requests_are_tokenised_off_the_event_loop(server, client, monkeypatch):
     """A request over INLINE_CHARS is split and tokenised in a worker thread (one long document must not hold up
     every stream's writes); a small one on the loop (the hand-off cost more than the work)."""
-    from server.admission import INLINE_CHARS
+    from server.frontend.admission import INLINE_CHARS
     model = server.app.models[MODEL]
     threads, inner = [], model.encode_texts
     monkeypatch.setattr(model, "encode_texts", lambda *args: threads.append(threading.current_thread()) or
@@ -229,7 +229,7 @@ def test_status_for_a_call_that_ended_meanwhile_is_dropped_quietly(server, clien
     which used to escape as an ERROR traceback. Forced here without timing luck: the handler
     holds the event loop past the deadline (grpc core ends the call meanwhile, but the handler
     cannot be cancelled), the first liveness check is told "live", then the error is raised."""
-    from server import service
+    from server.edge import servicer as service
     from server.core.errors import InvalidArgument
     real, calls = service._call_over, []
 

@@ -18,7 +18,7 @@ import socket
 import httpx
 import pytest
 
-from server.http.libre import LibreTranslateApi
+from server.edge.http.libre import LibreTranslateApi
 
 DEEP = "[" * 10_000 + "]" * 10_000
 
@@ -100,7 +100,7 @@ def test_a_body_refused_unread_says_the_connection_closes(srv):
 def test_an_upload_over_the_limit_sent_whole_gets_its_413_not_a_reset(srv):
     """The file limit is 10 MB; a client that sends 13 MB anyway (as every simple client does, without
     `Expect: 100-continue`) must read the 413: the server reads and drops the rest before closing, since
-    closing on unread bytes resets the connection and destroys the answer (server/http/guard.py)."""
+    closing on unread bytes resets the connection and destroys the answer (server/edge/http/guard.py)."""
     from benchmarks.soak.http_hostile import multipart
     boundary, body = multipart({"target_lang": "DE"}, "big.txt", b"A man rides. " * (1 << 20))
     sock = socket.create_connection(srv.http.removeprefix("http://").split(":"), timeout=30)

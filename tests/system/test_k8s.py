@@ -11,10 +11,10 @@ import pytest
 import yaml
 from tests.serving import ROOT
 
-from server.app import SERVICE_NAME
+from server.frontend.server import SERVICE_NAME
 from server.config import ServerConfig
-from server.lifecycle import LIVENESS
-from server.metrics import Metrics
+from server.edge.lifecycle import LIVENESS
+from server.observability.metrics import Metrics
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate (dev extra)")
 

@@ -487,7 +487,7 @@ def test_access_log_names_the_callers_api_key(tmp_path, caplog):
 # -- tracing ---------------------------------------------------------------------------------------
 def test_no_tracing_means_no_opentelemetry_import():
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    code = ("import sys, server.app, server.service, server.__main__; from server.observability import tracing; "
+    code = ("import sys, server.frontend.server, server.edge.servicer, server.__main__; from server.observability import tracing; "
             "assert tracing.from_config('') is None; print(sorted(m for m in sys.modules if 'opentelemetry' in m))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -1,4 +1,4 @@
-"""Engine replicas (--engine-core process --engine-replicas N, server/coreprocess/replicas.py): calls spread
+"""Engine replicas (--engine-core process --engine-replicas N, server/frontend/cores/replicas.py): calls spread
 over the replicas by outstanding work, each replica's series carry its label, and a replica killed
 under load costs only its own calls (UNAVAILABLE) while the others finish, health never leaves
 SERVING, and the replica comes back. A real server, real core processes, the shipped models.
@@ -89,7 +89,7 @@ def paused_home(srv, start_call) -> tuple[int, object]:
 
 def test_a_model_whose_rows_cost_more_than_the_line_has_its_streams_spread(start_server):
     """Every engine core measures each model's cost per row and decode step once warm and says it in its
-    Ready (server/coreprocess/placement.py); a model above --spread-row-cost-ms (0 here: every model) has
+    Ready (server/frontend/cores/placement.py); a model above --spread-row-cost-ms (0 here: every model) has
     its streams go to the least outstanding work at once instead of filling the first replica's batch: with
     the first stream held in its replica, the second goes to the other one and finishes there."""
     srv = start_server(engine_core="process", engine_replicas=2, max_batch_size=8, runaway_guard=False,
@@ -263,7 +263,7 @@ def test_background_work_runs_in_a_lowest_priority_replica_started_on_demand(sta
     replica="background", and stopped once idle; interactive calls never go there. The idle limit stays at
     its default (60 s) while the test looks at the running replica, and is cut only to see it stop: a short
     limit throughout stopped the replica under the assertions on a loaded machine (seen in a fresh-clone run)."""
-    from server.coreprocess import replicas
+    from server.frontend.cores import replicas
     srv = start_server(engine_core="process", engine_replicas=1, runaway_guard=False)
     core = srv.app.core
     texts = flickr_sentences(3)

@@ -38,9 +38,9 @@ from tests.serving import ROOT, flickr_sentences
 from client import TranslatorClient
 from client.balancing import Balancing, channel_args
 from protos.nmt.v1 import translator_pb2 as pb
-from server.app import SERVICE_NAME
+from server.frontend.server import SERVICE_NAME
 from server.config import ServerConfig
-from server.lifecycle import LIVENESS, _v1_reflection_file
+from server.edge.lifecycle import LIVENESS, _v1_reflection_file
 
 LAME_DUCK_S = 2.0
 REPLICA_FLAGS = ["--warmup", "false", "--intra-op-threads", "1", "--workers", "2", "--max-batch-size", "8",

@@ -445,7 +445,7 @@ def test_an_engine_failure_fails_its_batch_and_the_server_recovers(server, clien
 
 
 def test_admission_reports_every_problem_of_a_request_at_once(server):
-    """One INVALID_ARGUMENT names all that is wrong (server/admission.py): the texts' shape, the document
+    """One INVALID_ARGUMENT names all that is wrong (server/frontend/admission.py): the texts' shape, the document
     options and the decoding options, so a caller fixes them in one go."""
     request = pb.TranslateRequest(texts=["A dog."] * 65 + ["", "x" * 60_000], mime_type="application/pdf",
                                   options=pb.DecodingOptions(beam_size=100, temperature=float("nan"),

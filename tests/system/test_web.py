@@ -32,7 +32,7 @@ from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from benchmarks.browser import APT_HINT, binaries, color_scheme, start_chromium, viewport
-from server.http.pages import CSP
+from server.edge.http.pages import CSP
 from server.security import keys
 from tests.serving import REPOSITORY, ServerThread
 

@@ -15,7 +15,7 @@ import pytest
 from server.core import relay
 from server.coreprocess import protocol as wire
 from server.coreprocess.channel import Frames, Peer, frame
-from server.coreprocess.link import error_of
+from server.frontend.cores.link import error_of
 from server.coreprocess.process import Outbox, to_wire
 from server.core.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, ServiceError, Unavailable
 from server.core.request import DecodingParams, ErrorEvent, FinishEvent, FinishReason, Hypothesis, Timing, TokenEvent
@@ -282,8 +282,8 @@ def test_on_cuda_each_engine_replica_drives_one_device(device, core, expected):
     """--device cuda:N[,cuda:M]: one engine replica per GPU, each replica's own config naming its device
     (the core process reads it into RuntimeOptions.device_id)."""
     from server.config import ServerConfig
-    from server.coreprocess.replicas import Replicas
-    from server.metrics import Metrics
+    from server.frontend.cores.replicas import Replicas
+    from server.observability.metrics import Metrics
     cfg = ServerConfig(provider="cuda", device=device, engine_core=core)
     assert cfg.devices == expected and not cfg.problems()
     if core == "process":
@@ -298,8 +298,8 @@ def test_on_cuda_each_engine_replica_drives_one_device(device, core, expected):
 def test_more_replicas_than_devices_take_the_devices_in_turn():
     """--engine-replicas 3 over --device cuda:0,cuda:1: three replicas, the devices in turn."""
     from server.config import ServerConfig
-    from server.coreprocess.replicas import Replicas
-    from server.metrics import Metrics
+    from server.frontend.cores.replicas import Replicas
+    from server.observability.metrics import Metrics
 
     async def nothing() -> None:
         return None
@@ -334,7 +334,7 @@ def test_int8_weights_setting_is_checked():
 def test_a_links_tallies_follow_its_jobs():
     """The replicas choose by each link's outstanding source tokens and background jobs for every call
     (replicas.py pick): the tallies follow the jobs in, out, twice out, and all out when the core is lost."""
-    from server.coreprocess.link import CoreLink
+    from server.frontend.cores.link import CoreLink
     from server.core.request import Job
     failed = []
     link = CoreLink("/nonexistent/core.sock")
@@ -353,7 +353,7 @@ def test_a_links_tallies_follow_its_jobs():
 def test_a_link_whose_connection_ends_takes_no_more_work():
     """The core's end of the connection closed (it is exiting): the link is down at once, so the replicas
     choose another one, and a send says UNAVAILABLE (retryable) instead of writing into a closed socket."""
-    from server.coreprocess.link import CoreLink
+    from server.frontend.cores.link import CoreLink
     link = CoreLink("/nonexistent/core.sock")
     link.up, link.channel = True, object()
     link._on_lost(None)

@@ -10,7 +10,7 @@ import sys
 
 from server.files import jobs as jobs_module
 from server.files.spool import Spool
-from server.gateway import Caller
+from server.edge.gateway import Caller
 
 
 def _pair(tmp_path, gate: asyncio.Event):

@@ -22,7 +22,7 @@ from server.core.choose import TokenChooser
 from server.core.engine import ENCODE_ROWS, Engine, length_groups
 from server.core.errors import Cancelled, DeadlineExceeded, Internal, InvalidArgument, ResourceExhausted, Unavailable
 from server.core.loop import EngineLoop
-from server.metrics import Metrics
+from server.observability.metrics import Metrics
 from server.core.relay import EventRelay, flush, hold_wakeups
 from server.core.request import (DecodingParams, EmbedJob, ErrorEvent, FinishEvent, FinishReason, GenerationRules, Job,
                             TokenEvent)

@@ -39,7 +39,7 @@ from server.core.choose import TokenChooser
 from server.core.engine import Engine
 from server.core.errors import Cancelled, DeadlineExceeded, ResourceExhausted
 from server.core.loop import EngineLoop
-from server.metrics import Metrics
+from server.observability.metrics import Metrics
 from server.core.request import (DecodingParams, EmbedJob, ErrorEvent, FinishEvent, FinishReason, GenerationRules, Job,
                             Timing, TokenEvent)
 from server.core.runaway import RunawayGuard

@@ -118,7 +118,7 @@ def test_the_walker_sees_a_cycle_and_an_arrow():
     assert cycles({"a": {"b"}, "b": set()}) == []
     edges = graph()
     assert "server.core.scheduler" in edges["server.core.loop"]  # a plain import is seen
-    assert "models.core.bundle" in edges["server.app"] or "models.core.bundle" in edges.get("server.edge.app", ())
+    assert "models.core.bundle" in edges["server.frontend.server"]
 
 
 def test_no_cycle_anywhere_in_the_project():

@@ -1,4 +1,4 @@
-"""The language identifier's compact automaton (server/language_id.py compact_model) answers exactly as
+"""The language identifier's compact automaton (server/frontend/language_id.py compact_model) answers exactly as
 py3langid's own model: the same ranking, every language and probability, on the test sentences of the
 shipped languages, on random text across Unicode, and on the edge cases (empty, spaces, no features)."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from py3langid.langid import MODEL_FILE, LanguageIdentifier as Model
 
-from server.language_id import FAR, LanguageIdentifier, compact_model
+from server.frontend.language_id import FAR, LanguageIdentifier, compact_model
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "multi30k"
 

@@ -1,4 +1,4 @@
-"""server/metrics.py's BatchHistogram exposes exactly what prometheus_client's Histogram would."""
+"""server/observability/metrics.py's BatchHistogram exposes exactly what prometheus_client's Histogram would."""
 import random
 
 import pytest
@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.exposition import generate_latest
 
-from server.metrics import STEP_BUCKETS, BatchHistogram
+from server.observability.metrics import STEP_BUCKETS, BatchHistogram
 
 pytestmark = pytest.mark.unit  # the fast layer: `make test-fast`
 

@@ -1,10 +1,10 @@
-"""server/coreprocess/placement.py's choice of replica: streams pack one replica's batch unless their model's rows
+"""server/frontend/cores/placement.py's choice of replica: streams pack one replica's batch unless their model's rows
 cost more than the line, every other call goes to the least outstanding work, ties to the first."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from server.coreprocess.placement import choose, spreads
+from server.frontend.cores.placement import choose, spreads
 
 
 @dataclass

@@ -3,7 +3,7 @@ is checked against it here, so a field added in one place only fails this test i
 silently somewhere between the wire and the token choice:
   * the engine's plain struct, server/core/request.py DecodingParams (same names, same order);
   * the frontend -> core message, server/coreprocess/protocol.py Params (built from DecodingParams by name);
-  * the edge's conversion, server/service.py decoding_params (every field read from the message);
+  * the edge's conversion, server/edge/servicer.py decoding_params (every field read from the message);
   * the client library's keywords, client/client.py options();
   * the load generator's workload keys, client/loadgen/workload.py OPTION_KEYS.
 """
@@ -19,7 +19,7 @@ from client.loadgen.workload import OPTION_KEYS
 from protos.nmt.v1 import translator_pb2 as pb
 from server.core.request import DecodingParams
 from server.coreprocess import protocol
-from server.service import decoding_params
+from server.edge.servicer import decoding_params
 
 pytestmark = pytest.mark.unit
 

@@ -99,7 +99,7 @@ def describe() -> dict:
                                                  "default": error}}}
     schemas["Status"] = _STATUS
     paths["/v1/status"] = {"get": {"operationId": "Status", "summary": "Health, replicas and the engine's cumulative "
-                                   "counters per model (what the status page plots; server/http/status.py)",
+                                   "counters per model (what the status page plots; server/edge/http/status.py)",
                                    "responses": {"200": {"description": "OK", "content": {"application/json": {
                                        "schema": {"$ref": "#/components/schemas/Status"}}}}, "default": error}}}
     for probe, what in (("/healthz", "liveness"), ("/readyz", "readiness (503 while starting or draining)")):

@@ -40,9 +40,9 @@ from starlette.routing import Route
 from server.glossary.entries import (GLOSSARY_LANGUAGES, MAX_GLOSSARY_BYTES, GlossaryError, check_name, language_pair,
                                      parse_entries)
 from server.glossary.store import GlossaryInfo, GlossaryStore, open_store
-from server.http.body import BadParam, BodyError, Params
-from server.http.deepl import error
-from server.http.edge import Edge
+from server.edge.http.body import BadParam, BodyError, Params
+from server.edge.http.deepl import error
+from server.edge.http.edge import Edge
 
 API = "deepl"
 TSV = "text/tab-separated-values"

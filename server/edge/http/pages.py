@@ -2,7 +2,7 @@
 
 After `make serve` the first thing many people do is open the server's address in a browser;
 LibreTranslate's users, whose API this server speaks, expect a translator there. The pages are
-plain HTML, CSS and JavaScript modules in server/http/web/, read once at start-up and served from
+plain HTML, CSS and JavaScript modules in server/edge/http/web/, read once at start-up and served from
 memory with an ETag. They add no power of their own: every translation, file, glossary and status
 they show comes from the API's endpoints (/v1/translate:stream, /v1/files, /v3/glossaries,
 /v1/status, ...), called with the key the person typed, behind the same checks as any client.
@@ -23,8 +23,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from server.http.edge import Edge
-from server.http.native import error_response
+from server.edge.http.edge import Edge
+from server.edge.http.native import error_response
 
 API = "web"
 WEB_DIR = Path(__file__).with_name("web")

@@ -22,9 +22,9 @@ from typing import Awaitable, Callable, Optional
 
 from server.config import ServerConfig
 from server.coreprocess import protocol as wire
-from server.coreprocess.link import CoreLink, socket_address
+from server.frontend.cores.link import CoreLink, socket_address
 from server.core.errors import Unavailable
-from server.metrics import Metrics
+from server.observability.metrics import Metrics
 
 log = logging.getLogger("server.coreprocess")
 START_TIMEOUT_S = 600.0  # loading and warming every model (an imported NLLB takes a while on CPU)
@@ -69,7 +69,7 @@ class CoreSupervisor:
                  pieces: Optional[dict[str, tuple[str, ...]]] = None):
         """`nice`: the core's CPU priority lowered by this much (the background replica, replicas.py).
         `pieces`: each model's vocabulary pieces from the frontend's tokenizers, so the core loads none
-        (server/hosted.py HostedModel)."""
+        (server/frontend/hosted.py HostedModel)."""
         self.cfg, self.metrics, self.on_down, self.on_up = cfg, metrics, on_down, on_up
         self.attached = bool(attach)  # the core is another process's child: watch and reconnect only
         self.dir = "" if attach else tempfile.mkdtemp(prefix="nmt-core-")

@@ -10,7 +10,7 @@ The design: `--engine-replicas N` core processes (server/coreprocess/process.py,
 its own sessions, slot cache, scheduler and loop, each watched and restarted by its own
 CoreSupervisor. A request's jobs go to one replica, all of them (a document's sentences stay
 together: their order and the request's all-or-none admission are that replica's). Which one is
-server/coreprocess/placement.py's rule: a stream fills one replica's batch before the next opens,
+server/frontend/cores/placement.py's rule: a stream fills one replica's batch before the next opens,
 unless its model's rows cost more than the rest of a token (then, like every other call, it goes to
 the least outstanding work: the source tokens of the jobs a replica holds, a proxy for the decode
 steps they still need; ties to the first, whose caches are warm). Cancels follow each job to its
@@ -41,11 +41,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from server.config import ServerConfig
-from server.coreprocess.placement import choose
-from server.coreprocess.supervisor import CoreFailed, CoreSupervisor
+from server.frontend.cores.placement import choose
+from server.frontend.cores.supervisor import CoreFailed, CoreSupervisor
 from server.core.errors import Unavailable
 from server.core.request import Job
-from server.metrics import Metrics
+from server.observability.metrics import Metrics
 
 log = logging.getLogger("server.coreprocess")
 BACKGROUND_NICE = 19  # the lowest CPU priority: the background replica runs on what the others leave

@@ -1,11 +1,11 @@
 """The in-process gateway: the HTTP edge calls the Translator servicer as a gRPC client would, with no socket.
 
-The HTTP APIs (server/http/) must serve exactly what the gRPC API serves: the same models,
+The HTTP APIs (server/edge/http/) must serve exactly what the gRPC API serves: the same models,
 limits, validation, API keys, model permissions, rate limits, request counters and access log.
 A second request path beside the servicer would drift from it one check at a time; a loopback
 gRPC client would pay a second serialisation and an HTTP/2 hop per message on the cores the
 engine needs. So the HTTP edge builds the nmt.v1 request message and runs the very handler the
-gRPC server registered (server/wire.py), behind the same auth interceptor
+gRPC server registered (server/edge/wire.py), behind the same auth interceptor
 (server/security/auth.py), with a servicer context of its own (`_Context`). The servicer cannot
 tell the difference: its `abort(code, message)` comes back here as `CallFailed`, its stream
 writes as an async iterator with the same back-pressure a slow gRPC reader exerts (one

@@ -4,7 +4,7 @@ results back in the texts' order.
 Both APIs let a caller leave the source language out and report, per text, the language that
 was detected. Texts of one request may be in different languages, so each is identified on its
 own (off the event loop: up to 64 texts) and the texts are grouped by the served language they
-route to (server/language_id.py); each group is one Translate call through the gateway, the
+route to (server/frontend/language_id.py); each group is one Translate call through the gateway, the
 groups run concurrently, and the answers are put back in order.
 """
 from __future__ import annotations
@@ -16,10 +16,10 @@ from typing import Optional
 import grpc
 
 from protos.nmt.v1 import translator_pb2 as pb
-from server.gateway import Caller, CallFailed
-from server.http.edge import Edge
+from server.edge.gateway import Caller, CallFailed
+from server.edge.http.edge import Edge
 from server.core.errors import ServiceError
-from server.language_id import Detection
+from server.frontend.language_id import Detection
 
 
 @dataclass

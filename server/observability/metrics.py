@@ -96,7 +96,7 @@ class Metrics:
         self.auth_reloads = Counter("nmt_auth_key_reloads_total", "Reloads of --api-keys-file (SIGHUP) by result: "
                                     "ok, or error (the old keys stay).", ["result"], registry=r)
 
-        # The HTTP APIs (server/http/): every HTTP request by API (native, deepl, libretranslate, health), the
+        # The HTTP APIs (server/edge/http/): every HTTP request by API (native, deepl, libretranslate, health), the
         # operation it asked for and its HTTP status; the translation calls among them are also counted in
         # nmt_requests_total by RPC and gRPC code, as the gRPC ones are (they run the same servicer).
         self.http_requests = Counter("nmt_http_requests_total", "HTTP requests by API, operation and HTTP status.",

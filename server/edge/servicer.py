@@ -23,13 +23,13 @@ from server.documents.plan import MIME_PLAIN, SPLIT_NEWLINES, SPLIT_OFF, SPLIT_O
 from server.files.rpc import caller_of
 from server.glossary.use import hits as glossary_hits
 from server.core.errors import InvalidArgument, ResourceExhausted, ServiceError, Unavailable, bounded
-from server.admission import Admission, TranslateCall
-from server.hosted import HostedModel
-from server.metrics import Metrics
+from server.frontend.admission import Admission, TranslateCall
+from server.frontend.hosted import HostedModel
+from server.observability.metrics import Metrics
 from server.observability import calls
 from server.core.relay import Outflow, outflow_for, relay_for
 from server.core.request import DecodingParams, ErrorEvent, Event, FinishEvent, FinishReason, TokenEvent
-from server.wire import Malformed, Oversized
+from server.edge.wire import Malformed, Oversized
 
 try:  # raised by grpc when a status or message is sent on a call that is already over
     from grpc._cython.cygrpc import ExecuteBatchError
@@ -218,7 +218,7 @@ async def _abort(context, code: grpc.StatusCode, message: str) -> grpc.StatusCod
 
 class TranslatorService(pb_grpc.TranslatorServicer):
     """Protobuf in and out, streaming and assembly, and the status mapping (`_guard`); every check of a
-    request is admission's (server/admission.py)."""
+    request is admission's (server/frontend/admission.py)."""
 
     def __init__(self, admission: Admission, metrics: Metrics):
         self.admission, self.metrics = admission, metrics

@@ -36,11 +36,11 @@ from server.core.errors import ServiceError
 from server.files import LIMITS, FileError
 from server.files.detect import document_source
 from server.files.jobs import Full, Job, JobFailed, Jobs
-from server.http import deepl, libre
-from server.http.body import BadParam, BodyError, Params, read_body
-from server.http.edge import Edge
-from server.http.native import error_response
-from server.http.translate import Ask, translate
+from server.edge.http import deepl, libre
+from server.edge.http.body import BadParam, BodyError, Params, read_body
+from server.edge.http.edge import Edge
+from server.edge.http.native import error_response
+from server.edge.http.translate import Ask, translate
 
 UPLOAD_BYTES = LIMITS.max_file_bytes + (256 << 10)  # the file and the form around it
 FIELD_BYTES = 64 << 10  # one form field that is not the file

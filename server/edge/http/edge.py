@@ -12,9 +12,9 @@ import grpc
 from starlette.requests import Request
 from starlette.responses import Response
 
-from server.gateway import Caller, CallFailed, Gateway
-from server.admission import Admission
-from server.http.guard import COUNTED
+from server.edge.gateway import Caller, CallFailed, Gateway
+from server.frontend.admission import Admission
+from server.edge.http.guard import COUNTED
 
 # gRPC status -> HTTP status, as grpc-gateway and Google's HTTP APIs map them.
 HTTP_STATUS = {
@@ -78,7 +78,7 @@ class Edge:
     def count(self, api: str, operation: str, response: Response) -> Response:
         self.metrics.http_requests.labels(api, operation, str(response.status_code)).inc()
         counted = COUNTED.get()
-        if counted is not None:  # the guard counts what no handler did (server/http/guard.py)
+        if counted is not None:  # the guard counts what no handler did (server/edge/http/guard.py)
             counted.append(True)
         return response
 

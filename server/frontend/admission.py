@@ -30,8 +30,8 @@ from models.core.tokenizer import normalize
 from server.documents.plan import DocumentOptions, Plan
 from server.core.errors import InvalidArgument, NotFound, ServiceError, shown
 from server.glossary import use as glossary
-from server.hosted import HostedModel
-from server.language_id import Detection, LanguageIdentifier, route
+from server.frontend.hosted import HostedModel
+from server.frontend.language_id import Detection, LanguageIdentifier, route
 from server.observability import calls
 from server.core.request import DecodingParams, EmbedJob, Job
 from server.security.usage import CharacterUsage
@@ -97,7 +97,7 @@ class Admission:
                  executor: Optional[Executor] = None, metrics=None):
         self.models, self.default, self.limits, self.metrics = models, default, limits, metrics
         self.executor = executor
-        self.identifier = LanguageIdentifier()  # requests that name no source language (server/language_id.py)
+        self.identifier = LanguageIdentifier()  # requests that name no source language (server/frontend/language_id.py)
         self.usage = CharacterUsage()  # characters per API key, and their quota (server/security/usage.py)
         self.quota_of: Callable[[str], int] = lambda key_id: 0  # a key id's character quota; the app sets it
         self.glossaries = None  # server.glossary.store.GlossaryStore; None: the default file's (open_store)
@@ -133,7 +133,7 @@ class Admission:
                        if not source_language or s == source_language})
 
     def source_of(self, found: Detection, target_language: str, what: str = "the text") -> str:
-        """The served source language a detection routes to (server/language_id.py `route`), counted in
+        """The served source language a detection routes to (server/frontend/language_id.py `route`), counted in
         nmt_language_detections_total; INVALID_ARGUMENT naming the served pairs when `what` is
         confidently in a language no model serving the target translates from."""
         language = route(found, self.sources(target_language))

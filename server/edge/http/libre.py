@@ -21,10 +21,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from server.files import extensions
-from server.gateway import CallFailed
-from server.http.body import BadParam, BodyError, Params
-from server.http.edge import Edge, http_status, retry_headers, language_name
-from server.http.translate import Ask, detect, translate
+from server.edge.gateway import CallFailed
+from server.edge.http.body import BadParam, BodyError, Params
+from server.edge.http.edge import Edge, http_status, retry_headers, language_name
+from server.edge.http.translate import Ask, detect, translate
 
 API = "libretranslate"
 FRONTEND_TIMEOUT_MS = 500  # LibreTranslate's default: how long its frontend waits after typing before it translates

@@ -2,7 +2,7 @@
 model's measured cost per row.
 
 Measured problem (issue 35, 2026-11-28, 2-core AMD EPYC with AVX2): the replicas filled one batch before
-opening the next (server/coreprocess/replicas.py), which is right for the shipped model, whose decode step
+opening the next (server/frontend/cores/replicas.py), which is right for the shipped model, whose decode step
 is mostly fixed cost (ONNX Runtime's per-node overhead, the engine's Python, the hop to the frontend): two
 half-full replicas pay it twice per token. An OPUS-MT-sized Marian (d_model 512, 6+6 layers, a 58k
 vocabulary) is the opposite: its step is nearly all per-row work, so 32 streams packed into one replica

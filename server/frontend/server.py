@@ -17,24 +17,24 @@ from prometheus_client import generate_latest
 from models.core.bundle import discover
 from protos.nmt.v1 import translator_pb2 as pb
 from server.config import ServerConfig
-from server.coreprocess.frontends import FrontendPool
-from server.coreprocess.replicas import Replicas
+from server.frontend.pool import FrontendPool
+from server.frontend.cores.replicas import Replicas
 from server.glossary.store import open_store
 from server.core.errors import Unavailable
-from server.admission import Admission, Limits
-from server.gateway import Gateway
-from server.hosted import HostedModel
-from server.http.app import HttpFrontend
-from server.http.edge import Edge
-from server.http.status import EngineView
-from server.lifecycle import Health, enable_reflection, server_options
-from server.metrics import Metrics
+from server.frontend.admission import Admission, Limits
+from server.edge.gateway import Gateway
+from server.frontend.hosted import HostedModel
+from server.edge.http.port import HttpFrontend
+from server.edge.http.edge import Edge
+from server.edge.http.status import EngineView
+from server.edge.lifecycle import Health, enable_reflection, server_options
+from server.observability.metrics import Metrics
 from server.observability import looplag, tracing
 from server.observability.logs import config_summary
 from server.security.wiring import Security
-from server.service import TranslatorService
+from server.edge.servicer import TranslatorService
 from server.files.rpc import FILE_REQUEST_BYTES, FileCalls
-from server.wire import add_translator_service, receive_limit
+from server.edge.wire import add_translator_service, receive_limit
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Translator"].full_name
@@ -48,7 +48,7 @@ class ConfigError(ValueError):
 class TranslationServer:
     def __init__(self, cfg: ServerConfig, attach: str = ""):
         """`attach`: the address of an engine core another process started (an extra frontend,
-        server/coreprocess/frontend.py); this server then starts no core and exports no engine series."""
+        server/frontend/extra.py); this server then starts no core and exports no engine series."""
         self.cfg, self.attach = cfg, attach
         self.metrics = Metrics(engine_here=cfg.engine_core == "thread" and not attach)
         self.models: dict[str, HostedModel] = {}
@@ -59,7 +59,7 @@ class TranslationServer:
         self.port = 0
         self.metrics_port = 0
         self.http_port = 0
-        self.http: Optional[HttpFrontend] = None  # the HTTP/JSON port (server/http/), unless --http-port -1
+        self.http: Optional[HttpFrontend] = None  # the HTTP/JSON port (server/edge/http/), unless --http-port -1
         self._metrics_http = None
         self._stopped = asyncio.Event()
         self._hurry = asyncio.Event()  # a second stop request ends the lame-duck period early
@@ -98,7 +98,7 @@ class TranslationServer:
         self.security = Security(cfg, self.metrics)  # TLS, API keys, rate limits: server/security/
         self.security.check_models(self.models)
         # Oversized messages are refused by grpc before they are parsed (RESOURCE_EXHAUSTED); TranslateFile's
-        # requests carry a whole file and may be larger than --max-request-bytes, which server/wire.py then
+        # requests carry a whole file and may be larger than --max-request-bytes, which server/edge/wire.py then
         # checks for every other method (unparsed too).
         file_bounds = {"TranslateFile": FILE_REQUEST_BYTES}
         self.server = grpc.aio.server(options=[("grpc.max_receive_message_length",
@@ -147,7 +147,7 @@ class TranslationServer:
         return self.port
 
     def _engine_view(self) -> EngineView:
-        """What GET /v1/status reads of the engine (server/http/status.py)."""
+        """What GET /v1/status reads of the engine (server/edge/http/status.py)."""
         if self.core is not None:
             def replicas() -> list[dict]:
                 members = [(str(i), m) for i, m in enumerate(self.core.members)]

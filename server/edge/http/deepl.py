@@ -12,7 +12,7 @@ works too. Language codes are DeepL's (upper case; EN-GB/EN-US and PT-BR/PT-PT a
 onto the model's `en`/`pt`). Errors are DeepL's: `{"message": ...}` with 400 (bad request),
 403 (missing or invalid key, or a model the key may not use), 404, 413 (body too large), 429
 (rate limit or a full queue; Retry-After when the limit says when), 456 (the key's character
-quota), 5xx; every other /v2 and /v3 path answers 404/405 in that shape too (server/http/app.py).
+quota), 5xx; every other /v2 and /v3 path answers 404/405 in that shape too (server/edge/http/port.py).
 A language no loaded model serves is refused with DeepL's 400 naming the parameter
 ("Value for 'target_lang' not supported"), before any language detection runs. What a model
 cannot do is refused the way DeepL refuses it: `formality` more/less is a 400 for a target
@@ -38,10 +38,10 @@ from starlette.routing import Route
 
 from protos.nmt.v1 import translator_pb2 as pb
 from server.documents.html import _MARKUP as MARKUP, _TAG_NAME as TAG_NAME
-from server.gateway import CallFailed
-from server.http.body import BadParam, BodyError, Params
-from server.http.edge import Edge, http_status, retry_headers, language_name
-from server.http.translate import Ask, translate
+from server.edge.gateway import CallFailed
+from server.edge.http.body import BadParam, BodyError, Params
+from server.edge.http.edge import Edge, http_status, retry_headers, language_name
+from server.edge.http.translate import Ask, translate
 from server.security.usage import QUOTA_REASON
 
 API = "deepl"

@@ -2,7 +2,7 @@
 
 Starlette (routing, requests, streamed responses) served by uvicorn, on the server's own event
 loop beside grpc.aio: both are asyncio, so the HTTP handlers await the same servicer through the
-in-process gateway (server/gateway.py) with no thread hop and no second copy of any state.
+in-process gateway (server/edge/gateway.py) with no thread hop and no second copy of any state.
 Chosen over FastAPI (its value is pydantic models and generated docs; the request shapes here are
 protobuf messages and two external APIs with their own quirks, and the OpenAPI description is
 derived from the protobuf descriptors) and over aiohttp (uvicorn + Starlette are the most used
@@ -28,15 +28,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from server.http.deepl import DeepLApi
-from server.http.documents import DocumentsApi
-from server.http.edge import Edge
-from server.http.glossaries import GlossaryApi
-from server.http.guard import HttpGuard, api_of, error_body
-from server.http.libre import LibreTranslateApi
-from server.http.native import NativeApi, error_response
-from server.http.pages import WebPages
-from server.http.status import EngineView, StatusApi
+from server.edge.http.deepl import DeepLApi
+from server.edge.http.documents import DocumentsApi
+from server.edge.http.edge import Edge
+from server.edge.http.glossaries import GlossaryApi
+from server.edge.http.guard import HttpGuard, api_of, error_body
+from server.edge.http.libre import LibreTranslateApi
+from server.edge.http.native import NativeApi, error_response
+from server.edge.http.pages import WebPages
+from server.edge.http.status import EngineView, StatusApi
 
 log = logging.getLogger(__name__)
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -55,7 +55,7 @@ class HttpFrontend:
                 documents, GlossaryApi(edge)]
         for api in apis + ([WebPages(edge)] if cfg.web_ui else []):
             routes += api.routes()
-        # HttpGuard (server/http/guard.py) turns a handler's exception into a counted 500 that keeps the
+        # HttpGuard (server/edge/http/guard.py) turns a handler's exception into a counted 500 that keeps the
         # connection; Starlette's own error middleware would send it and then re-raise.
         self.app = Starlette(routes=routes, exception_handlers={404: self._not_found, 405: self._not_allowed},
                              middleware=[Middleware(HttpGuard, max_header_bytes=cfg.http_max_header_bytes,
@@ -66,12 +66,12 @@ class HttpFrontend:
         return getattr(self.health, "_server_status", {}).get(service, health_pb2.HealthCheckResponse.UNKNOWN)
 
     def _health(self) -> dict:
-        from server.lifecycle import LIVENESS
+        from server.edge.lifecycle import LIVENESS
         word = lambda service: "SERVING" if self._status(service) == SERVING else "NOT_SERVING"  # noqa: E731
         return {"live": word(LIVENESS), "ready": word("")}
 
     async def healthz(self, request: Request) -> Response:
-        from server.lifecycle import LIVENESS
+        from server.edge.lifecycle import LIVENESS
         ok = self._status(LIVENESS) == SERVING
         return self.edge.count("health", "healthz", JSONResponse({"status": "SERVING" if ok else "NOT_SERVING"},
                                                                  status_code=200 if ok else 503))

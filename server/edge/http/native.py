@@ -21,10 +21,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from protos.nmt.v1 import translator_pb2 as pb
-from server.gateway import CallFailed
-from server.http.body import BodyError, parse_json, read_body
-from server.http.edge import Edge, http_status, retry_headers
-from server.http.openapi import describe
+from server.edge.gateway import CallFailed
+from server.edge.http.body import BodyError, parse_json, read_body
+from server.edge.http.edge import Edge, http_status, retry_headers
+from server.edge.http.openapi import describe
 
 API = "native"
 

@@ -1,5 +1,5 @@
-"""python -m server.coreprocess.frontend: an extra frontend process (`--frontends N`), started by the
-primary's FrontendPool (server/coreprocess/frontends.py), never by hand.
+"""python -m server.frontend.extra: an extra frontend process (`--frontends N`), started by the
+primary's FrontendPool (server/frontend/pool.py), never by hand.
 
 A whole TranslationServer attached to the running engine core: the same gRPC and HTTP ports
 (SO_REUSEPORT), no metrics port of its own (the primary exports its series), its own link to the
@@ -20,10 +20,10 @@ import zmq
 import zmq.asyncio
 from prometheus_client import generate_latest
 
-from server.app import TranslationServer
+from server.frontend.server import TranslationServer
 from server.config import ServerConfig
 from server.coreprocess import protocol as wire
-from server.coreprocess.link import identity
+from server.frontend.cores.link import identity
 from server.observability import logs
 from models.core.heap import limit_malloc_arenas
 
@@ -75,7 +75,7 @@ async def serve(cfg: ServerConfig, core: str, control: str, parent: int) -> int:
 
 def main() -> int:
     limit_malloc_arenas()  # before gRPC, uvicorn and the link start their threads (models/core/heap.py)
-    p = argparse.ArgumentParser(prog="python -m server.coreprocess.frontend", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m server.frontend.extra", description=__doc__)
     p.add_argument("--config", required=True, help="the server's settings as JSON (written by the primary)")
     p.add_argument("--core", required=True, help="the engine replicas' socket paths, comma-separated")
     p.add_argument("--control", required=True, help="the primary's control address")

@@ -16,7 +16,7 @@ from server.documents.html import plan_html
 from server.documents.plan import MIME_HTML, DocumentOptions, Plan
 from server.documents.segment import plan_text
 from server.core.errors import InvalidArgument, shown
-from server.metrics import Metrics
+from server.observability.metrics import Metrics
 from server.core.request import DecodingParams, EmbedJob, ErrorEvent, Event, FinishEvent, GenerationRules, Job
 from server.core.terms import pieces_of
 
@@ -43,7 +43,7 @@ class HostedModel:
         self.variant = cfg.variant  # the engine's, once built here or told by the core (int8 may run int8-vnni)
         self.m = metrics.for_model(self.name)
         # With the engine in a core process (--engine-core process) this process only builds and checks
-        # requests: the core's link queues them (server/coreprocess/link.py). Else the engine is here.
+        # requests: the core's link queues them (server/frontend/cores/link.py). Else the engine is here.
         self.link = None
         if engine:
             self._build_engine(bundle, cfg, metrics)
@@ -143,7 +143,7 @@ class HostedModel:
     def run_probes(self, params: DecodingParams, count: int, what: str, timeout_s: float) -> list[Job]:
         """Submit `count` probe calls with `params` together and wait until every one has ended; -> their jobs
         (each with its timing). Through the tokenizer when this model has one, so warm-up reaches it too;
-        probe_job's ids otherwise. Warm-up and the decode step's measurement (server/coreprocess/placement.py)
+        probe_job's ids otherwise. Warm-up and the decode step's measurement (server/frontend/cores/placement.py)
         run these on an idle engine, before any traffic. Raises RuntimeError, naming `what`, if one fails or
         they take longer than `timeout_s`."""
         done, ends = threading.Event(), []
@@ -231,7 +231,7 @@ class HostedModel:
 
     @property
     def metrics(self):
-        """This model's series of the server's metrics (server/metrics.py ModelMetrics)."""
+        """This model's series of the server's metrics (server/observability/metrics.py ModelMetrics)."""
         return self.m
 
     def param_problems(self, p: DecodingParams) -> list[str]:
@@ -283,7 +283,7 @@ class HostedModel:
              deadline: Optional[float], scores: bool = False, stream: bool = False,
              languages: tuple[str, str] = ("", ""), labels: Optional[list[str]] = None,
              prefixed: Optional[list[bool]] = None, background: bool = False) -> list[Job]:
-        """Jobs for texts whose options passed `param_problems` (server/admission.py); `sink` is one callable
+        """Jobs for texts whose options passed `param_problems` (server/frontend/admission.py); `sink` is one callable
         for all, or one per text. A target prefix goes to the texts `prefixed` marks (a document's first
         sentence), to every text by default."""
         lead, forced = self.language_tokens(*languages)

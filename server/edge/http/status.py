@@ -26,9 +26,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from protos.nmt.v1 import translator_pb2 as pb
-from server.gateway import CallFailed
-from server.http.edge import Edge
-from server.http.native import failed
+from server.edge.gateway import CallFailed
+from server.edge.http.edge import Edge
+from server.edge.http.native import failed
 
 API = "native"
 GAUGES = {"nmt_running_requests": "running", "nmt_waiting_requests": "waiting"}
@@ -38,7 +38,7 @@ HISTOGRAMS = {"nmt_sequence_duration_seconds": "latency", "nmt_time_to_first_tok
 
 @dataclass
 class EngineView:
-    """What the frontend can tell about its engine: built by the server (server/app.py)."""
+    """What the frontend can tell about its engine: built by the server (server/frontend/server.py)."""
     kind: str  # "process" (engine core processes) or "thread" (the engine in this process)
     exposition: Callable[[], Awaitable[str]]  # the engine's series in the text format, every replica's
     replicas: Callable[[], list[dict]]  # [{"name", "up", "pid"}]
@@ -80,7 +80,7 @@ def empty() -> dict:
 
 def per_model(text: str) -> dict[str, dict]:
     """The engine's exposition -> per model: gauges and counters summed over replicas, histograms summed
-    bucket by bucket (the replicas share the buckets: one declaration, server/metrics.py)."""
+    bucket by bucket (the replicas share the buckets: one declaration, server/observability/metrics.py)."""
     models: dict[str, dict] = {}
     buckets: dict[tuple[str, str], dict[float, float]] = {}
     for family in text_string_to_metric_families(text) if text else ():

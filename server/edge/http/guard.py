@@ -20,7 +20,7 @@ The design, one ASGI middleware inside Starlette's error middleware, around the 
     send a reset, which destroys the answer the client has not read yet: the soak's 13 MB upload
     against the 10 MB file limit got a reset instead of its 413 (nginx lingers for the same reason);
   * a response no handler counted (a 404, a 405, a 500 from here) is counted by API and status.
-The body parsers' own limits (depth, numbers) are server/http/body.py's.
+The body parsers' own limits (depth, numbers) are server/edge/http/body.py's.
 """
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def api_of(path: str) -> str:
     if path in ("/healthz", "/readyz"):
         return "health"
     if path in ("/", "/status", "/favicon.ico") or path.startswith("/web/"):
-        return "web"  # the pages (server/http/pages.py); their errors take the native shape
+        return "web"  # the pages (server/edge/http/pages.py); their errors take the native shape
     return "libretranslate"
 
 

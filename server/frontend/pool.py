@@ -10,7 +10,7 @@ frontend.py): admission, tokenisers, documents, auth, protobuf, its own link to 
 
 This module is the primary's side: it starts the N - 1 others, restarts one that dies (its calls are
 lost with it, no one else's; the core cancels its jobs: `Forget`), asks each for its metrics at a
-scrape (one view: server/metrics.py MergedRegistry) and tells each to drain on shutdown. The
+scrape (one view: server/observability/metrics.py MergedRegistry) and tells each to drain on shutdown. The
 control channel is a ZeroMQ ROUTER here and a DEALER in each extra frontend.
 """
 from __future__ import annotations
@@ -26,9 +26,9 @@ import zmq
 import zmq.asyncio
 
 from server.coreprocess import protocol as wire
-from server.coreprocess.link import identity
-from server.coreprocess.supervisor import exited
-from server.metrics import Metrics
+from server.frontend.cores.link import identity
+from server.frontend.cores.supervisor import exited
+from server.observability.metrics import Metrics
 
 log = logging.getLogger("server.coreprocess")
 START_TIMEOUT_S = 120.0
@@ -44,7 +44,7 @@ class FrontendPool:
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.bind(self.address)
-        self.base = [sys.executable, "-m", "server.coreprocess.frontend", "--config", config_file,
+        self.base = [sys.executable, "-m", "server.frontend.extra", "--config", config_file,
                      "--core", core_address, "--control", self.address, "--port", str(port),
                      "--http-port", str(http_port), "--parent", str(os.getpid())]
         self.procs: dict[int, subprocess.Popen] = {}  # index (1..N-1) -> process

@@ -190,10 +190,6 @@ class Engine:
                 break
         return out
 
-    def step_logits(self) -> np.ndarray:
-        """One step for every running row -> logits (B, V) on the host, before any choice (parity tests)."""
-        return host_float32(self._step())
-
     def _step(self, tokens: Optional[np.ndarray] = None):
         """One step for every running row -> logits (B, V) where the step left them. `tokens` (B,): the rows'
         inputs as an array (in-place step only; None: each row's own token)."""

@@ -58,11 +58,6 @@ class Plan:
         it = iter(translations)
         return "".join(p if isinstance(p, str) else p.finish(next(it)) for p in self.parts)
 
-    def source_text(self) -> str:
-        """The document rebuilt from its parts with every unit untranslated: equals the input
-        text wherever the splitter kept it verbatim (a check, and the identity test's oracle)."""
-        return "".join(p if isinstance(p, str) else (p.original or p.source) for p in self.parts)
-
 
 @dataclass(frozen=True)
 class DocumentOptions:

@@ -19,16 +19,16 @@ import numpy as np
 from protos.nmt.v1 import translator_pb2 as pb
 from protos.nmt.v1 import translator_pb2_grpc as pb_grpc
 from server.documents.assemble import DocumentResult, DocumentStream, assemble
-from server.documents.plan import MIME_PLAIN, SPLIT_NEWLINES, SPLIT_OFF, SPLIT_ON, DocumentOptions
 from server.files.rpc import caller_of
 from server.glossary.use import hits as glossary_hits
 from server.core.errors import InvalidArgument, ResourceExhausted, ServiceError, Unavailable, bounded
-from server.frontend.admission import Admission, TranslateCall
+from server.frontend.admission import Admission
 from server.frontend.hosted import HostedModel
 from server.observability.metrics import Metrics
 from server.observability import calls
 from server.core.relay import Outflow, outflow_for, relay_for
-from server.core.request import DecodingParams, ErrorEvent, Event, FinishEvent, FinishReason, TokenEvent
+from server.core.request import ErrorEvent, Event, FinishEvent, FinishReason, TokenEvent
+from server.edge.options import deadline_of, timings, translate_call
 from server.edge.wire import Malformed, Oversized
 
 try:  # raised by grpc when a status or message is sent on a call that is already over
@@ -41,50 +41,6 @@ log = logging.getLogger(__name__)
 
 FINISH = {FinishReason.EOS: pb.FINISH_REASON_EOS, FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
           FinishReason.CANCELLED: pb.FINISH_REASON_CANCELLED, FinishReason.RUNAWAY: pb.FINISH_REASON_RUNAWAY}
-SPLIT = {pb.SPLIT_SENTENCES_UNSPECIFIED: SPLIT_ON, pb.SPLIT_SENTENCES_ON: SPLIT_ON,
-         pb.SPLIT_SENTENCES_OFF: SPLIT_OFF, pb.SPLIT_SENTENCES_NEWLINES: SPLIT_NEWLINES}
-
-
-def document_options(split: int, mime_type: str) -> DocumentOptions:
-    if split not in SPLIT:
-        raise InvalidArgument(f"unknown split_sentences value {split}")
-    return DocumentOptions(SPLIT[split], mime_type.strip().lower() or MIME_PLAIN)  # checked by admission
-
-
-def decoding_params(o: pb.DecodingOptions) -> DecodingParams:
-    return DecodingParams(
-        beam_size=max(o.beam_size, 1),
-        length_penalty=o.length_penalty if o.HasField("length_penalty") else 1.0,
-        # 0 is proto3's "unset" for top_p; any other value, negative and NaN included, is checked as sent.
-        temperature=o.temperature, top_k=o.top_k, top_p=o.top_p if o.top_p != 0 else 1.0,
-        seed=o.seed if o.HasField("seed") else None,
-        max_output_tokens=o.max_output_tokens, num_hypotheses=max(o.num_hypotheses, 1),
-        # 0 is proto3's "unset" for the penalty: off, like 1.
-        repetition_penalty=o.repetition_penalty if o.HasField("repetition_penalty") and o.repetition_penalty != 0
-        else 1.0,
-        no_repeat_ngram_size=o.no_repeat_ngram_size, min_output_tokens=o.min_output_tokens,
-        no_unknown_token=o.no_unknown_token, target_prefix=o.target_prefix, alternatives=o.alternatives)
-
-
-def translate_call(request, deadline: Optional[float]) -> TranslateCall:
-    """A TranslateRequest or TranslateStreamRequest as admission's plain TranslateCall."""
-    stream = isinstance(request, pb.TranslateStreamRequest)
-    priority = pb.PRIORITY_INTERACTIVE if stream else request.priority
-    if priority not in pb.Priority.values():
-        raise InvalidArgument(f"priority {priority} is not PRIORITY_INTERACTIVE (0) or PRIORITY_BACKGROUND (1)")
-    return TranslateCall(texts=([request.text] if request.text else []) if stream else list(request.texts),
-                         params=decoding_params(request.options), model=request.model,
-                         source_language=request.source_language, target_language=request.target_language,
-                         options=document_options(request.split_sentences, request.mime_type),
-                         scores=not stream and request.return_scores, stream=stream, deadline=deadline,
-                         glossary_id=request.glossary_id,
-                         glossary_entries=tuple((e.source, e.target) for e in request.glossary_entries),
-                         background=priority == pb.PRIORITY_BACKGROUND)
-
-
-def deadline_of(context) -> Optional[float]:
-    remaining = context.time_remaining()
-    return None if remaining is None else time.monotonic() + remaining
 
 
 class Results:
@@ -164,11 +120,6 @@ class _StreamInbox:
     def close(self) -> None:
         self.closed = True
         self.taken()
-
-
-def timings(t) -> pb.Timings:
-    s = t.seconds()
-    return pb.Timings(queue_seconds=s["queue"], first_token_seconds=s["first_token"], total_seconds=s["total"])
 
 
 # A client whose own deadline fires cancels the call (RST_STREAM), and that can reach the server a

@@ -19,7 +19,7 @@ from client.loadgen.workload import OPTION_KEYS
 from protos.nmt.v1 import translator_pb2 as pb
 from server.core.request import DecodingParams
 from server.coreprocess import protocol
-from server.edge.servicer import decoding_params
+from server.edge.options import decoding_params
 
 pytestmark = pytest.mark.unit
 

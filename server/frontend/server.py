@@ -30,6 +30,7 @@ from server.edge.http.status import EngineView
 from server.edge.lifecycle import Health, enable_reflection, server_options
 from server.observability.metrics import Metrics
 from server.observability import looplag, tracing
+from server.observability.memory import ServerProcesses, siblings
 from server.observability.logs import config_summary
 from server.security.wiring import Security
 from server.edge.servicer import TranslatorService
@@ -54,6 +55,7 @@ class TranslationServer:
         self.models: dict[str, HostedModel] = {}
         self.core: Optional[Replicas] = None  # --engine-core process: the engine replicas' supervisors
         self.frontends: Optional[FrontendPool] = None  # --frontends N > 1: the other frontend processes
+        self.processes = ServerProcesses(self._members)  # every process's memory, read when asked
         self.server: Optional[grpc.aio.Server] = None
         self.health = Health(("", SERVICE_NAME))  # readiness names; the "liveness" entry stays up while draining
         self.port = 0
@@ -133,6 +135,8 @@ class TranslationServer:
                                           self.core.forget)
             await self.frontends.start()
             self.metrics.others = lambda: self._on_loop(self.frontends.metrics_texts, [])
+        if not self.attach:  # the primary knows every process's pid (server/observability/memory.py)
+            self.metrics.add_processes(self.processes)
         # SIGHUP: reload --api-keys-file (here, and in the other frontend processes)
         self.security.watch_reload_signal(loop, self.frontends.signal_reload if self.frontends else None)
         await self.health.serving()
@@ -146,6 +150,30 @@ class TranslationServer:
             self._watchdog = asyncio.create_task(self._watch())
         return self.port
 
+    def _members(self) -> list[tuple[str, str, int]]:
+        """(role, name, pid) of every live process of this server, as it knows them now (an extra frontend
+        finds the primary's other children in /proc: it started none of them)."""
+        if self.attach:
+            replicas = [("replica", str(i), m.pid) for i, m in enumerate(self.core.members) if m.pid]
+            primary = os.getppid()
+            others = siblings(primary, {pid for _, _, pid in replicas})
+            order = {"frontend": 0, "replica": 1, "background": 2}  # as the primary lists them
+            return sorted([("frontend", "0", primary), *others, *replicas],
+                          key=lambda m: (order[m[0]], int(m[1]) if m[1].isdigit() else 0))
+        out = [("frontend", "0", os.getpid())]
+        if self.frontends is not None:
+            out += [("frontend", str(i), p.pid) for i, p in sorted(self.frontends.procs.items()) if p.poll() is None]
+        if self.core is not None:
+            out += [("replica", str(i), m.pid) for i, m in enumerate(self.core.members) if m.pid]
+            background = self.core.background
+            if background is not None and background.pid:
+                out.append(("background", "background", background.pid))
+        return out
+
+    def _memory(self) -> list[dict]:
+        return [{"role": p.role, "name": p.name, "pid": p.pid, "rssBytes": p.rss_bytes}
+                for p in self.processes.snapshot()]
+
     def _engine_view(self) -> EngineView:
         """What GET /v1/status reads of the engine (server/edge/http/status.py)."""
         if self.core is not None:
@@ -154,12 +182,13 @@ class TranslationServer:
                 if self.core.background is not None:
                     members.append(("background", self.core.background))
                 return [{"name": name, "up": bool(m.link.up), "pid": m.pid} for name, m in members]
-            return EngineView("process", self.core.metrics_text, replicas)
+            return EngineView("process", self.core.metrics_text, replicas, self._memory)
 
         async def exposition() -> str:
             return generate_latest(self.metrics.engine_registry).decode()
         return EngineView("thread", exposition,
-                          lambda: [{"name": "in-process", "up": self.engine_failure is None, "pid": os.getpid()}])
+                          lambda: [{"name": "in-process", "up": self.engine_failure is None, "pid": os.getpid()}],
+                          self._memory)
 
     async def _load_models(self) -> None:
         """Every bundle with its engine in this process, warmed up."""

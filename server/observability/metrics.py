@@ -12,7 +12,7 @@ import threading
 import numpy as np
 from prometheus_client import (CollectorRegistry, Counter, Gauge, GCCollector, Histogram, PlatformCollector,
                                ProcessCollector, start_http_server)
-from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
@@ -138,6 +138,11 @@ class Metrics:
                                     "(--max-queue-size): nmt_waiting_requests / this is the queue's fill.",
                                     ["model"], registry=r)
 
+    def add_processes(self, processes) -> None:
+        """Export every process's resident memory (server/observability/memory.py ServerProcesses), read
+        from /proc at each scrape: the primary's, which knows every pid."""
+        self.registry.register(_ProcessMemory(processes))
+
     def add_core(self, fetch) -> None:
         """Export the engine's series from the core process: `fetch()` returns its registry's exposition."""
         names = {family.name for family in self.engine_registry.collect()}
@@ -208,6 +213,22 @@ class _Exposition:
                     else:
                         mine.samples[i] = mine.samples[i]._replace(value=mine.samples[i].value + sample.value)
         yield from families
+
+
+class _ProcessMemory:
+    """nmt_process_resident_memory_bytes{role, name}: one series per process of the server at the scrape."""
+
+    def __init__(self, processes):
+        self.processes = processes
+
+    def collect(self):
+        family = GaugeMetricFamily("nmt_process_resident_memory_bytes", "Resident memory (VmRSS) of each "
+                                   "process of the server: role frontend (name 0 the primary, 1.. --frontends), "
+                                   "replica (its index) or background; shared pages count in each.",
+                                   labels=["role", "name"])
+        for p in self.processes.snapshot():
+            family.add_metric([p.role, p.name], p.rss_bytes)
+        yield family
 
 
 class _CoreSeries:

@@ -8,6 +8,7 @@ tests pick connections by where they landed instead of hoping the kernel's hash 
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import urllib.request
@@ -92,6 +93,21 @@ def test_connections_spread_over_frontends_and_metrics_are_one_view(start_server
     text = srv.metrics_text()
     assert text.count("# TYPE nmt_requests_total counter") == 1
     assert "nmt_running_requests" in text  # the core's series, through the primary
+    # Every process's resident memory, one series each, read by the primary: the same pids /v1/status lists
+    replica = srv.app.core.members[0].pid
+    series = dict(re.findall(r'^nmt_process_resident_memory_bytes\{name="(\w+)",role="(\w+)"\} (\S+)$', text, re.M)
+                  and [((role, name), float(value)) for name, role, value in re.findall(
+                      r'^nmt_process_resident_memory_bytes\{name="(\w+)",role="(\w+)"\} (\S+)$', text, re.M)])
+    for key in (("frontend", "0"), ("frontend", "1"), ("frontend", "2"), ("replica", "0")):
+        assert series[key] > 10 << 20, (key, series)
+    for _ in range(9):  # a connection each: whichever frontend answers (an extra one reads /proc), the same list
+        status = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{srv.app.http_port}/v1/status",
+                                                   timeout=60).read())
+        listed = {(p["role"], p["name"]): p["pid"] for p in status["memory"]}
+        assert {k: v for k, v in listed.items() if k[0] != "background"} == {
+            ("frontend", "0"): os.getpid(), ("frontend", "1"): srv.app.frontends.procs[1].pid,
+            ("frontend", "2"): srv.app.frontends.procs[2].pid, ("replica", "0"): replica}
+        assert status["memoryTotalBytes"] == sum(p["rssBytes"] for p in status["memory"])
     http_before = srv.metric("nmt_http_requests_total", missing_ok=True)
     body = json.dumps({"texts": ["A dog runs."]}).encode()
     for _ in range(9):  # a connection each (urllib closes it): spread over the HTTP listeners too

@@ -191,6 +191,8 @@ def test_status_endpoint_counts_the_engines_work(srv):
     latency = de["latency"]
     assert latency["count"] == de["texts"] and latency["counts"] == sorted(latency["counts"])
     assert latency["counts"][-1] <= latency["count"] and len(latency["bounds"]) == len(latency["counts"])
+    assert [(p["role"], p["name"], p["pid"]) for p in after["memory"]] == [("frontend", "0", os.getpid())]
+    assert after["memoryTotalBytes"] == after["memory"][0]["rssBytes"] > 10 << 20  # this test process, at least
     described = api(srv, "/openapi.json").json()
     jsonschema.validate(after, described["components"]["schemas"]["Status"])  # what /openapi.json says it is
     assert "/v1/status" in described["paths"]
@@ -478,6 +480,8 @@ def test_the_status_plot_follows_the_load(srv, browser):
     assert any(r.startswith("multi30k-en-de-small") for r in rows) and any("relabelled-de-en" in r for r in rows)
     assert by(browser, "health").text == "serving"
     assert [r.text for r in browser.find_elements(By.CSS_SELECTOR, "#replicas td.up")] == ["up"]
+    memory = [r.text for r in browser.find_elements(By.CSS_SELECTOR, "#memory tr")]
+    assert len(memory) == 1 and memory[0].startswith(f"frontend 0 {os.getpid()} ") and memory[0].endswith(" MB")
     points = int(by(browser, "plot").get_attribute("data-points"))
     for _ in range(3):
         api_translation(srv, "A man is riding a bike. Two dogs play in the snow.", "de", "en")

@@ -68,6 +68,11 @@ _STATUS = {"type": "object", "properties": {
     "engine": {"type": "string", "enum": ["process", "thread"]},
     "replicas": {"type": "array", "items": {"type": "object", "properties": {
         "name": {"type": "string"}, "up": {"type": "boolean"}, "pid": {"type": "integer"}}}},
+    "memory": {"type": "array", "description": "every process of the server: its resident memory (VmRSS)",
+               "items": {"type": "object", "properties": {
+                   "role": {"type": "string", "enum": ["frontend", "replica", "background"]},
+                   "name": {"type": "string"}, "pid": {"type": "integer"}, "rssBytes": {"type": "integer"}}}},
+    "memoryTotalBytes": {"type": "integer"},
     "models": {"type": "array", "items": {"type": "object", "properties": {
         "name": {"type": "string"}, "version": {"type": "integer"}, "variant": {"type": "string"},
         "provider": {"type": "string"}, "pairs": {"type": "array", "items": {"type": "string"}},

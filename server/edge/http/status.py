@@ -2,6 +2,8 @@
 
     {"time": 1733100000.1, "health": {"live": "SERVING", "ready": "SERVING"},
      "engine": "process", "replicas": [{"name": "0", "up": true, "pid": 4242}, ...],
+     "memory": [{"role": "frontend", "name": "0", "pid": 4240, "rssBytes": 170000000}, ...],
+     "memoryTotalBytes": 650000000,
      "models": [{"name", "version", "variant", "provider", "pairs": ["en-de"], "running", "waiting",
                  "outputTokens", "texts", "latency": HISTOGRAM, "firstToken": HISTOGRAM}]}
 
@@ -42,6 +44,7 @@ class EngineView:
     kind: str  # "process" (engine core processes) or "thread" (the engine in this process)
     exposition: Callable[[], Awaitable[str]]  # the engine's series in the text format, every replica's
     replicas: Callable[[], list[dict]]  # [{"name", "up", "pid"}]
+    memory: Callable[[], list[dict]]  # [{"role", "name", "pid", "rssBytes"}]: every process of the server
 
 
 class StatusApi:
@@ -65,8 +68,10 @@ class StatusApi:
                 [f"{m.source_language}-{m.target_language}"]
             models.append({"name": m.name, "version": m.version, "variant": m.variant, "provider": m.provider,
                            "pairs": pairs, **series.get(m.name, empty())})
+        memory = self.engine.memory()
         body = {"time": time.time(), "health": self.health(), "engine": self.engine.kind,
-                "replicas": self.engine.replicas(), "models": models}
+                "replicas": self.engine.replicas(), "models": models, "memory": memory,
+                "memoryTotalBytes": sum(p["rssBytes"] for p in memory)}
         return self.edge.count(API, "Status", JSONResponse(body, headers={"Cache-Control": "no-store"}))
 
 

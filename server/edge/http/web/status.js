@@ -79,6 +79,15 @@ function showTables(status) {
     cell(row, r.pid ? `pid ${r.pid}` : "");
     return row;
   }));
+  const mb = (bytes) => `${(bytes / 1048576).toFixed(0)} MB`;
+  $("memory").replaceChildren(...(status.memory || []).map((p) => {
+    const row = document.createElement("tr");
+    cell(row, p.role === "frontend" ? `frontend ${p.name}` : p.role === "replica" ? `replica ${p.name}` : p.name);
+    cell(row, String(p.pid));
+    cell(row, mb(p.rssBytes));
+    return row;
+  }));
+  $("memory-total").textContent = mb(status.memoryTotalBytes || 0);
   $("engine").textContent = status.engine === "process"
     ? "The engine runs in core processes of its own (--engine-core process)."
     : "The engine runs in the server's own process (--engine-core thread).";

@@ -83,6 +83,7 @@ class ServerConfig:
     http_max_header_bytes: int = 16384
     http_body_timeout_s: float = 30.0
     web_ui: bool = True  # the translator and status pages (server/edge/http/pages.py)
+    memory_limit: str = "auto"  # auto = the cgroup's limit, or none; 0 = off; 500M, 2G (server/frontend/memory_budget.py)
     model_repository: str = str(DEFAULT_REPOSITORY)
     model: tuple = ()  # Hugging Face models to import and serve (server/frontend/model_imports.py); replaces model_repository
     cache_dir: str = ""
@@ -241,6 +242,11 @@ class ServerConfig:
         message that says so.)
         """
         out = []
+        try:
+            from server.frontend.memory_budget import parse_limit  # here: the configuration imports no frontend
+            parse_limit(self.memory_limit)
+        except ValueError as e:
+            out.append(str(e))
         for name in ("port", "max_batch_size", "max_batch_tokens", "max_queue_size", "stream_interval", "visit_steps",
                      "max_texts_per_request", "max_text_chars", "max_request_bytes", "max_source_tokens",
                      "max_output_tokens", "max_beam_size", "max_hypotheses", "workers", "max_sentences_per_request"):

@@ -28,8 +28,11 @@ class ServerThread:
         # The engine in this process (--engine-core thread) unless a test asks for core processes: tests read
         # and gate the in-process engine loop (EngineGate, schedulers); the default layout is tested through
         # `python -m server` subprocesses and with engine_core="process".
+        # No memory budget by default (--memory-limit 0): this process is the test runner too, whose memory
+        # (torch, other servers) is no server's; tests/system/test_memory_budget.py sets one.
         defaults = dict(host="127.0.0.1", port=0, metrics_port=0, http_port=0, model_repository=str(REPOSITORY),
-                        engine_core="thread", intra_op_threads=int(os.environ.get("NMT_TEST_THREADS", "0")))
+                        engine_core="thread", intra_op_threads=int(os.environ.get("NMT_TEST_THREADS", "0")),
+                        memory_limit="0")
         self.cfg = ServerConfig(**{**defaults, **overrides})
         self.app = TranslationServer(self.cfg)
         self._ready = threading.Event()

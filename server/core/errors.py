@@ -6,6 +6,7 @@ from __future__ import annotations
 
 class ServiceError(Exception):
     code = "INTERNAL"
+    retry_after: float | None = None  # seconds a refused caller should wait (RetryInfo, HTTP Retry-After)
 
 
 class InvalidArgument(ServiceError):
@@ -18,6 +19,11 @@ class NotFound(ServiceError):
 
 class ResourceExhausted(ServiceError):
     code = "RESOURCE_EXHAUSTED"
+
+
+class MemoryFull(ResourceExhausted):
+    """The server is at its memory budget (--memory-limit): new work waits; running work and health go on."""
+    retry_after = 1.0
 
 
 class Unavailable(ServiceError):

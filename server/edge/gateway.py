@@ -22,9 +22,9 @@ import grpc
 from google.rpc import error_details_pb2, status_pb2
 
 from protos.nmt.v1 import translator_pb2 as pb
+from server.edge.retry import DETAILS_KEY
 
 SERVICE = pb.DESCRIPTOR.services_by_name["Translator"]
-DETAILS_KEY = "grpc-status-details-bin"
 
 
 class CallFailed(grpc.aio.AbortError):

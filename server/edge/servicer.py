@@ -29,6 +29,7 @@ from server.observability import calls
 from server.core.relay import Outflow, outflow_for, relay_for
 from server.core.request import ErrorEvent, Event, FinishEvent, FinishReason, TokenEvent
 from server.edge.options import deadline_of, timings, translate_call
+from server.edge.retry import retry_trailer
 from server.edge.wire import Malformed, Oversized
 
 try:  # raised by grpc when a status or message is sent on a call that is already over
@@ -148,7 +149,7 @@ def _call_over(context, known_over: bool = False) -> Optional[grpc.StatusCode]:
     return None
 
 
-async def _abort(context, code: grpc.StatusCode, message: str) -> grpc.StatusCode:
+async def _abort(context, code: grpc.StatusCode, message: str, trailing: tuple = ()) -> grpc.StatusCode:
     """Send the status: context.abort raises AbortError once it is sent.
 
     Returns only when grpc fails the send with ExecuteBatchError, which it would log as an
@@ -158,7 +159,7 @@ async def _abort(context, code: grpc.StatusCode, message: str) -> grpc.StatusCod
     `code`). The return value is that code; the caller ends the handler quietly.
     """
     try:
-        await context.abort(code, message)
+        await context.abort(code, message, trailing_metadata=trailing)
     except ExecuteBatchError:
         remaining = context.time_remaining()
         if remaining is not None and remaining <= DEADLINE_SLACK_S:
@@ -201,7 +202,9 @@ class TranslatorService(pb_grpc.TranslatorServicer):
             code = _call_over(context) or status
             if code != status:  # nobody is listening: fail quietly, as a cancelled call does
                 raise asyncio.CancelledError() from None
-            code = await _abort(context, status, bounded(str(e)))
+            message = bounded(str(e))
+            trailing = retry_trailer(message, e.retry_after) if e.retry_after else ()  # RetryInfo: when to retry
+            code = await _abort(context, status, message, trailing)
             raise asyncio.CancelledError() from None
         except (asyncio.CancelledError, ExecuteBatchError):
             # The client cancelled, the deadline passed, or a write found the call gone.

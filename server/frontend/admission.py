@@ -101,6 +101,7 @@ class Admission:
         self.usage = CharacterUsage()  # characters per API key, and their quota (server/security/usage.py)
         self.quota_of: Callable[[str], int] = lambda key_id: 0  # a key id's character quota; the app sets it
         self.glossaries = None  # server.glossary.store.GlossaryStore; None: the default file's (open_store)
+        self.budget = None  # server/frontend/memory_budget.py MemoryBudget (--memory-limit); the app sets it
 
     # -- routing -------------------------------------------------------------------------
     def model(self, name: str, source_language: str = "", target_language: str = "") -> HostedModel:
@@ -191,6 +192,8 @@ class Admission:
     async def translate(self, call: TranslateCall, sink_for: Callable[[int], Sink]) -> Admitted:
         """Route, check, split, tokenise and queue a Translate/TranslateStream call; `sink_for(i)` is the
         sink of the i-th sentence (document order). Raises a ServiceError naming every problem."""
+        if self.budget is not None:  # a document job waits this out as it waits out a full queue (files/jobs.py)
+            self.budget.check()
         size = sum(map(len, call.texts)) + sum(len(s) + len(t) for s, t in call.glossary_entries)  # inline terms too
         admitted = await self._run(size, self._admit, call, sink_for)
         if admitted.jobs:
@@ -235,6 +238,8 @@ class Admission:
     async def embed(self, name: str, texts: list[str], sink_for: Callable[[int], Sink],
                     deadline: Optional[float]) -> tuple[HostedModel, list[EmbedJob]]:
         model = self.model(name)
+        if self.budget is not None:
+            self.budget.check()
 
         def admit() -> list[EmbedJob]:
             problems = self.text_problems(texts, blank_is_empty=True)

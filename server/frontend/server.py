@@ -30,6 +30,7 @@ from server.edge.http.status import EngineView
 from server.edge.lifecycle import Health, enable_reflection, server_options
 from server.observability.metrics import Metrics
 from server.observability import looplag, tracing
+from server.frontend.memory_budget import MemoryBudget, parse_limit
 from server.observability.memory import ServerProcesses, siblings
 from server.observability.logs import config_summary
 from server.security.wiring import Security
@@ -56,6 +57,7 @@ class TranslationServer:
         self.core: Optional[Replicas] = None  # --engine-core process: the engine replicas' supervisors
         self.frontends: Optional[FrontendPool] = None  # --frontends N > 1: the other frontend processes
         self.processes = ServerProcesses(self._members)  # every process's memory, read when asked
+        self.budget: Optional[MemoryBudget] = None
         self.server: Optional[grpc.aio.Server] = None
         self.health = Health(("", SERVICE_NAME))  # readiness names; the "liveness" entry stays up while draining
         self.port = 0
@@ -119,6 +121,8 @@ class TranslationServer:
             self._metrics_http = self.metrics.serve(cfg.metrics_port, cfg.metrics_host or cfg.host)
             self.metrics_port = self._metrics_http[0].server_port
         self.admission.quota_of = self.security.quota_of
+        self.budget = MemoryBudget(parse_limit(cfg.memory_limit), self.processes)  # --memory-limit
+        self.admission.budget = self.budget
         await self.server.start()
         self._loop_lag = asyncio.create_task(looplag.watch(self.metrics.loop_lag), name="loop-lag")
         count = 1 if self.attach else cfg.frontend_processes
@@ -137,6 +141,7 @@ class TranslationServer:
             self.metrics.others = lambda: self._on_loop(self.frontends.metrics_texts, [])
         if not self.attach:  # the primary knows every process's pid (server/observability/memory.py)
             self.metrics.add_processes(self.processes)
+        self.budget.start()
         # SIGHUP: reload --api-keys-file (here, and in the other frontend processes)
         self.security.watch_reload_signal(loop, self.frontends.signal_reload if self.frontends else None)
         await self.health.serving()
@@ -320,6 +325,8 @@ class TranslationServer:
         self.executor.shutdown(wait=False, cancel_futures=True)
         if self._loop_lag is not None:
             self._loop_lag.cancel()
+        if self.budget is not None:
+            self.budget.stop()
         if self._metrics_http:
             self._metrics_http[0].shutdown()
         if self.tracer is not None:  # export the spans still buffered (bounded by the exporter's timeout)

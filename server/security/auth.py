@@ -28,12 +28,13 @@ import time
 from typing import Callable, Optional
 
 import grpc
-from google.rpc import code_pb2, error_details_pb2, status_pb2
+from google.rpc import error_details_pb2
 
 from server.core.errors import bounded, shown
 from server.observability.calls import CALLER_KEY_ID
 from server.security.keys import ApiKey, KeyStore
 from server.security.ratelimit import Cost, RateLimiter, Refusal, estimate, reported
+from server.edge.retry import DETAILS_KEY, retry_status
 from server.edge.wire import Malformed
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,6 @@ log = logging.getLogger(__name__)
 
 OPEN_SERVICES = ("grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
                  "grpc.reflection.v1.ServerReflection")
-DETAILS_KEY = "grpc-status-details-bin"  # where gRPC carries a google.rpc.Status
 OTHER = "other"  # the key_id label of ids beyond the label cap (keys.py reserves it)
 
 
@@ -99,10 +99,7 @@ class LogThrottle:
 def retry_metadata(message: str, refusal: Refusal, key_id: str) -> tuple:
     """Trailing metadata holding a google.rpc.Status with RetryInfo and QuotaFailure (AIP-193):
     clients (and grpc-status's rpc_status.from_call) read the wait from there, not the text."""
-    status = status_pb2.Status(code=code_pb2.RESOURCE_EXHAUSTED, message=message)
-    info = error_details_pb2.RetryInfo()
-    info.retry_delay.FromNanoseconds(round(refusal.retry_after * 1e9))
-    status.details.add().Pack(info)
+    status = retry_status(message, refusal.retry_after)
     quota = error_details_pb2.QuotaFailure()
     quota.violations.add(subject=f"api_key:{key_id}", description=f"{refusal.limit} {refusal.per_minute}/min")
     status.details.add().Pack(quota)

@@ -1,0 +1,86 @@
+"""--memory-limit: while the server's processes together hold 90% of it, new work is refused in every API's
+own "overloaded, retry" shape with the wait; health and the server go on; below it, calls pass again.
+
+A real server on loopback ports; the budget's input (the summed resident memory, read from /proc) is the
+real one: a limit far below what any server holds (1 MB) is full from the start, one far above (1 TB)
+never is. tests/unit: the setting's parsing.
+"""
+from __future__ import annotations
+
+import deepl
+import grpc
+import httpx
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_status import rpc_status
+from google.rpc import error_details_pb2
+
+from protos.nmt.v1 import translator_pb2 as pb
+from protos.nmt.v1 import translator_pb2_grpc as pb_grpc
+from server.config import ServerConfig
+from server.frontend.memory_budget import parse_limit
+from tests.serving import ServerThread
+
+TEXT = "A man is riding a bike."
+deepl.http_client.max_network_retries = 0  # the 429 must reach the test, not be retried for seconds
+
+
+@pytest.mark.unit
+def test_the_setting_reads_sizes_auto_and_off():
+    assert parse_limit("500M") == 500 << 20 and parse_limit("2G") == 2 << 30 and parse_limit("1.5GiB") == 3 << 29
+    assert parse_limit("1048576") == 1 << 20 and parse_limit("64k") == 64 << 10
+    assert parse_limit("0") is None
+    auto = parse_limit("auto")  # the cgroup's limit where there is one
+    assert auto is None or auto > 0
+    assert parse_limit("1T") == 1 << 40
+    for bad in ("lots", "-5M", "5P", ""):
+        with pytest.raises(ValueError, match="--memory-limit"):
+            parse_limit(bad)
+    assert any("--memory-limit" in p for p in ServerConfig(memory_limit="lots").problems())
+
+
+@pytest.fixture(scope="module")
+def full():
+    s = ServerThread(memory_limit="1M").start()
+    yield s
+    s.stop()
+
+
+def test_at_the_budget_new_calls_are_refused_with_the_wait_and_health_goes_on(full):
+    channel = grpc.insecure_channel(full.target)
+    stub = pb_grpc.TranslatorStub(channel)
+    for call in (lambda: stub.Translate(pb.TranslateRequest(texts=[TEXT]), timeout=30),
+                 lambda: list(stub.TranslateStream(pb.TranslateStreamRequest(text=TEXT), timeout=30)),
+                 lambda: stub.Embed(pb.EmbedRequest(texts=[TEXT]), timeout=30)):
+        with pytest.raises(grpc.RpcError) as refused:
+            call()
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "memory limit" in refused.value.details() and "--memory-limit" in refused.value.details()
+        status = rpc_status.from_call(refused.value)
+        waits = [d for d in status.details if d.Is(error_details_pb2.RetryInfo.DESCRIPTOR)]
+        info = error_details_pb2.RetryInfo()
+        waits[0].Unpack(info)
+        assert info.retry_delay.seconds == 1
+    health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+    assert health.status == health_pb2.HealthCheckResponse.SERVING
+    assert stub.ListModels(pb.ListModelsRequest(), timeout=10).models  # what is not new work still answers
+    channel.close()
+    # HTTP: each API's own shape, 429 with Retry-After
+    native = httpx.post(full.http + "/v1/translate", json={"texts": [TEXT]}, timeout=30)
+    assert native.status_code == 429 and native.headers["retry-after"] == "1"
+    assert native.json()["error"]["status"] == "RESOURCE_EXHAUSTED" and "memory limit" in native.json()["error"]["message"]
+    libre = httpx.post(full.http + "/translate", json={"q": TEXT, "source": "en", "target": "de"}, timeout=30)
+    assert libre.status_code == 429 and "memory limit" in libre.json()["error"]
+    with pytest.raises(deepl.exceptions.TooManyRequestsException, match="memory limit"):
+        deepl.DeepLClient("any-key", server_url=full.http).translate_text(TEXT, target_lang="DE")
+    for probe in ("/healthz", "/readyz"):
+        assert httpx.get(full.http + probe, timeout=10).status_code == 200
+    status = httpx.get(full.http + "/v1/status", timeout=10).json()
+    assert status["memoryTotalBytes"] > 1 << 20  # what the budget compared: the server's own processes
+
+
+def test_below_the_budget_nothing_is_refused(start_server):
+    s = start_server(memory_limit="1T")
+    with grpc.insecure_channel(s.target) as channel:
+        reply = pb_grpc.TranslatorStub(channel).Translate(pb.TranslateRequest(texts=[TEXT]), timeout=60)
+    assert reply.translations[0].hypotheses[0].text

@@ -40,7 +40,7 @@ from prometheus_client import generate_latest
 from models.core.bundle import discover
 from server.core import relay
 from server.config import ServerConfig
-from server.coreprocess import protocol as wire
+from server.coreprocess import protocol
 from server.coreprocess.channel import Peer, listen
 from server.frontend.cores.placement import measure_row_cost
 from server.core.errors import ServiceError
@@ -55,21 +55,21 @@ EXIT_STUCK = 3  # the watchdog's exit status: the supervisor restarts the core
 EXIT_WRITE_S = 2.0  # at exit, how long the last Events may take to go out to a frontend
 
 
-def to_wire(job_id: int, event) -> wire.Event:
+def to_wire(job_id: int, event) -> protocol.Event:
     """An engine event (server/core/request.py) as the frontend's wire item."""
     if isinstance(event, TokenEvent):
-        return wire.Tokens(job_id, event.token_ids)
+        return protocol.Tokens(job_id, event.token_ids)
     if isinstance(event, FinishEvent):
         t = event.timing
-        return wire.Finished(job_id, [(list(map(int, h.tokens)), float(h.score), bool(h.finished_by_eos))
+        return protocol.Finished(job_id, [(list(map(int, h.tokens)), float(h.score), bool(h.finished_by_eos))
                                       for h in event.hypotheses],
                              event.reason.value, event.input_tokens,
                              (t.scheduled, t.first_token, t.finished, t.last_token))
     if isinstance(event, np.ndarray):  # an embedding
-        return wire.Embedded(job_id, np.ascontiguousarray(event, dtype=np.float32).tobytes())
+        return protocol.Embedded(job_id, np.ascontiguousarray(event, dtype=np.float32).tobytes())
     error = event.error if isinstance(event, ErrorEvent) else event
     code = error.code if isinstance(error, ServiceError) else "INTERNAL"
-    return wire.Failed(job_id, code, str(error))
+    return protocol.Failed(job_id, code, str(error))
 
 
 class Outbox:
@@ -78,7 +78,7 @@ class Outbox:
     def __init__(self, peer: Peer, wake_main: Callable[[], None]) -> None:
         self.peer, self._wake_main = peer, wake_main  # wake_main: Core._wake, as the peer's
         self.lock = threading.Lock()
-        self.items: list[wire.Event] = []
+        self.items: list[protocol.Event] = []
         self.tokens_at: dict[int, int] = {}  # job id -> index of its pending Tokens item (merged into)
         self.held = False  # the frontend said it is behind (Hold) and has not said Resume yet
         self.gone = False  # the frontend died (its connection ended, or Forget): drop what comes
@@ -89,9 +89,9 @@ class Outbox:
         self.started: set[int] = set()  # jobs whose first tokens were sent
         self.jobs: dict[int, Job | EmbedJob] = {}  # its jobs in the core, until their terminal event
 
-    def post(self, item: wire.Event) -> None:
+    def post(self, item: protocol.Event) -> None:
         with self.lock:
-            if isinstance(item, wire.Tokens):
+            if isinstance(item, protocol.Tokens):
                 at = self.tokens_at.get(item.id)
                 if at is not None:
                     self.items[at].token_ids.extend(item.token_ids)
@@ -127,13 +127,13 @@ class Outbox:
             if not self.items or (self.held and not (self.urgent or force)):
                 return  # nothing, or the frontend is behind: keep collecting (its streams' tokens merge)
             items = self._take()
-            self.peer.send(wire.encode(wire.Events(items)))
+            self.peer.send(protocol.encode(protocol.Events(items)))
 
-    def take(self) -> list[wire.Event]:
+    def take(self) -> list[protocol.Event]:
         with self.lock:
             return self._take()
 
-    def _take(self) -> list[wire.Event]:
+    def _take(self) -> list[protocol.Event]:
         items, self.items, self.tokens_at, self.urgent = self.items, [], {}, False
         return items
 
@@ -144,7 +144,7 @@ class Core:
         """`row_costs`: each model's measured cost per row and decode step (placement.py), said in Ready."""
         self.models, self.metrics, self.parent, self.watchdog_s = models, metrics, parent, watchdog_s
         costs = row_costs or {}
-        self.ready = wire.Ready([wire.ModelFacts(m.name, m.provider, m.capacity, m.variant, costs.get(m.name, 0.0))
+        self.ready = protocol.Ready([protocol.ModelFacts(m.name, m.provider, m.capacity, m.variant, costs.get(m.name, 0.0))
                                  for m in models.values()], os.getpid())
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -168,37 +168,37 @@ class Core:
         return [box for (who, _), box in self.outboxes.items() if who is peer]
 
     def handle(self, peer: Peer, msg) -> None:
-        if isinstance(msg, wire.Hello):
+        if isinstance(msg, protocol.Hello):
             for other in [p for p in self.peers if p is not peer and msg.identity and p.identity == msg.identity]:
                 self._drop(other)  # a frontend of that name connected again: the old connection is dead
             peer.identity = msg.identity
             self._send(peer, self.ready)
-        elif isinstance(msg, (wire.Hold, wire.Resume)):
+        elif isinstance(msg, (protocol.Hold, protocol.Resume)):
             # After Resume the engine thread sends at its step's end: every event still held belongs to
             # a running job (a job's end is urgent), so its next step comes.
             for box in self._boxes(peer):
-                box.held = isinstance(msg, wire.Hold)
-        elif isinstance(msg, wire.Submit):
+                box.held = isinstance(msg, protocol.Hold)
+        elif isinstance(msg, protocol.Submit):
             self._submit(peer, msg)
-        elif isinstance(msg, wire.Cancel):
+        elif isinstance(msg, protocol.Cancel):
             for box in self._boxes(peer):
                 for job_id in msg.ids:
                     job = box.jobs.get(job_id)
                     if job is not None:
                         job.cancel()
-        elif isinstance(msg, wire.AskMetrics):
-            self._send(peer, wire.MetricsText(msg.ticket, generate_latest(self.metrics.registry).decode()))
-        elif isinstance(msg, wire.Forget):
+        elif isinstance(msg, protocol.AskMetrics):
+            self._send(peer, protocol.MetricsText(msg.ticket, generate_latest(self.metrics.registry).decode()))
+        elif isinstance(msg, protocol.Forget):
             for other in [p for p in self.peers if p.identity == msg.identity]:
                 self._drop(other)
-        elif isinstance(msg, wire.Stop) and self.stopping is None:
+        elif isinstance(msg, protocol.Stop) and self.stopping is None:
             self.stopping = threading.Thread(target=self._stop, args=(msg.grace,), name="core-stop", daemon=True)
             self.stopping.start()
 
-    def _submit(self, peer: Peer, msg: wire.Submit) -> None:
+    def _submit(self, peer: Peer, msg: protocol.Submit) -> None:
         model = self.models.get(msg.model)
         if model is None:
-            self._send(peer, wire.Refused(msg.ticket, "NOT_FOUND", f"the core serves no model {msg.model}"))
+            self._send(peer, protocol.Refused(msg.ticket, "NOT_FOUND", f"the core serves no model {msg.model}"))
             return
         box = self._outbox(peer, msg.model)
         jobs = [self._job(box, spec) for spec in msg.jobs]
@@ -207,12 +207,12 @@ class Core:
         except ServiceError as e:
             for job in jobs:
                 box.jobs.pop(job.id, None)
-            self._send(peer, wire.Refused(msg.ticket, e.code, str(e)))
+            self._send(peer, protocol.Refused(msg.ticket, e.code, str(e)))
             return
-        self._send(peer, wire.Accepted(msg.ticket))
+        self._send(peer, protocol.Accepted(msg.ticket))
 
     @staticmethod
-    def _job(box: Outbox, spec: wire.JobSpec) -> Job | EmbedJob:
+    def _job(box: Outbox, spec: protocol.JobSpec) -> Job | EmbedJob:
         job_id, post = spec.id, box.post
 
         def sink(event) -> None:
@@ -220,7 +220,7 @@ class Core:
         if spec.kind == "embed":
             job = EmbedJob(spec.model, spec.src_ids, sink, spec.deadline, id=job_id)
         else:
-            job = Job(spec.model, spec.src_ids, wire.params_in(spec.params), spec.max_len, sink, spec.deadline,
+            job = Job(spec.model, spec.src_ids, protocol.params_in(spec.params), spec.max_len, sink, spec.deadline,
                       id=job_id, scores=spec.scores, stream=spec.stream, forced=tuple(spec.forced),
                       prefix=tuple(spec.prefix), terms=spec.terms, background=spec.background)
         job.timing.arrival = spec.arrival
@@ -229,7 +229,7 @@ class Core:
 
     @staticmethod
     def _send(peer: Peer, msg) -> None:
-        peer.send(wire.encode(msg))
+        peer.send(protocol.encode(msg))
 
     # -- connections ------------------------------------------------------------------------
     def _wake(self) -> None:
@@ -252,7 +252,7 @@ class Core:
             return
         for payload in payloads:
             try:
-                self.handle(peer, wire.to_core(payload))
+                self.handle(peer, protocol.to_core(payload))
             except Exception:  # noqa: BLE001 (a malformed frame must not stop the core)
                 log.exception("bad message from a frontend")
 

@@ -22,7 +22,7 @@ from prometheus_client import generate_latest
 
 from server.frontend.server import TranslationServer
 from server.config import ServerConfig
-from server.coreprocess import protocol as wire
+from server.coreprocess import protocol
 from server.frontend.cores.link import identity
 from server.observability import logs
 from models.core.heap import limit_malloc_arenas
@@ -39,7 +39,7 @@ async def serve(cfg: ServerConfig, core: str, control: str, parent: int) -> int:
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.IDENTITY, identity(os.getpid()))
     sock.connect(control)
-    await sock.send(wire.encode(wire.Ready([], os.getpid())))
+    await sock.send(protocol.encode(protocol.Ready([], os.getpid())))
     loop, stop = asyncio.get_running_loop(), asyncio.Event()
     orphaned: list[bool] = []
 
@@ -51,10 +51,10 @@ async def serve(cfg: ServerConfig, core: str, control: str, parent: int) -> int:
 
     async def control_channel() -> None:
         while True:
-            msg = wire.to_core(await sock.recv())
-            if isinstance(msg, wire.AskMetrics):
-                await sock.send(wire.encode(wire.MetricsText(msg.ticket, generate_latest(app.metrics.registry).decode())))
-            elif isinstance(msg, wire.Stop):  # the primary's shutdown: the same lame duck and drain here
+            msg = protocol.to_core(await sock.recv())
+            if isinstance(msg, protocol.AskMetrics):
+                await sock.send(protocol.encode(protocol.MetricsText(msg.ticket, generate_latest(app.metrics.registry).decode())))
+            elif isinstance(msg, protocol.Stop):  # the primary's shutdown: the same lame duck and drain here
                 stop_or_hurry()
 
     async def parent_alive() -> None:

@@ -25,7 +25,7 @@ import sys
 import zmq
 import zmq.asyncio
 
-from server.coreprocess import protocol as wire
+from server.coreprocess import protocol
 from server.frontend.cores.link import identity
 from server.frontend.cores.supervisor import exited
 from server.observability.metrics import Metrics
@@ -99,12 +99,12 @@ class FrontendPool:
     async def _receive(self) -> None:
         while True:
             peer, frame = await self.sock.recv_multipart()
-            msg = wire.to_frontend(frame)
-            if isinstance(msg, wire.MetricsText):
+            msg = protocol.to_frontend(frame)
+            if isinstance(msg, protocol.MetricsText):
                 future = self.answers.pop(msg.ticket, None)
                 if future is not None and not future.done():
                     future.set_result(msg.text)
-            elif isinstance(msg, wire.Ready):  # an extra frontend says it serves
+            elif isinstance(msg, protocol.Ready):  # an extra frontend says it serves
                 future = self.hello.setdefault(peer, asyncio.get_running_loop().create_future())
                 if not future.done():
                     future.set_result(None)
@@ -116,7 +116,7 @@ class FrontendPool:
         for peer in peers:
             ticket = next(self._tickets)
             future = self.answers[ticket] = asyncio.get_running_loop().create_future()
-            await self.sock.send_multipart([peer, wire.encode(wire.AskMetrics(ticket))])
+            await self.sock.send_multipart([peer, protocol.encode(protocol.AskMetrics(ticket))])
             futures.append(future)
         done, pending = await asyncio.wait(futures, timeout=SCRAPE_TIMEOUT_S) if futures else (set(), set())
         for f in pending:
@@ -138,7 +138,7 @@ class FrontendPool:
                 continue
             serving = self.hello.get(identity(proc.pid))
             if serving is not None and serving.done():
-                await self.sock.send_multipart([identity(proc.pid), wire.encode(wire.Stop(0.0))])
+                await self.sock.send_multipart([identity(proc.pid), protocol.encode(protocol.Stop(0.0))])
             else:  # still starting: not on the control channel yet, and no calls of its own to drain
                 proc.terminate()
 

@@ -25,7 +25,7 @@ from server.frontend.admission import Admission, Limits
 from server.edge.gateway import Gateway
 from server.frontend.hosted import HostedModel
 from server.edge.http.port import HttpFrontend
-from server.edge.http.edge import Edge
+from server.edge.http.context import Edge
 from server.edge.http.status import EngineView
 from server.edge.lifecycle import Health, enable_reflection, server_options
 from server.observability.metrics import Metrics

@@ -40,7 +40,7 @@ from protos.nmt.v1 import translator_pb2 as pb
 from server.documents.html import _MARKUP as MARKUP, _TAG_NAME as TAG_NAME
 from server.edge.gateway import CallFailed
 from server.edge.http.body import BadParam, BodyError, Params
-from server.edge.http.edge import Edge, http_status, retry_headers, language_name
+from server.edge.http.context import Edge, http_status, retry_headers, language_name
 from server.edge.http.translate import Ask, translate
 from server.security.usage import QUOTA_REASON
 

@@ -38,7 +38,7 @@ from server.files.detect import document_source
 from server.files.jobs import Full, Job, JobFailed, Jobs
 from server.edge.http import deepl, libre
 from server.edge.http.body import BadParam, BodyError, Params, read_body
-from server.edge.http.edge import Edge
+from server.edge.http.context import Edge
 from server.edge.http.native import error_response
 from server.edge.http.translate import Ask, translate
 

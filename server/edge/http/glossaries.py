@@ -42,7 +42,7 @@ from server.glossary.entries import (GLOSSARY_LANGUAGES, MAX_GLOSSARY_BYTES, Glo
 from server.glossary.store import GlossaryInfo, GlossaryStore, open_store
 from server.edge.http.body import BadParam, BodyError, Params
 from server.edge.http.deepl import error
-from server.edge.http.edge import Edge
+from server.edge.http.context import Edge
 
 API = "deepl"
 TSV = "text/tab-separated-values"

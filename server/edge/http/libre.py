@@ -23,7 +23,7 @@ from starlette.routing import Route
 from server.files import extensions
 from server.edge.gateway import CallFailed
 from server.edge.http.body import BadParam, BodyError, Params
-from server.edge.http.edge import Edge, http_status, retry_headers, language_name
+from server.edge.http.context import Edge, http_status, retry_headers, language_name
 from server.edge.http.translate import Ask, detect, translate
 
 API = "libretranslate"

@@ -23,7 +23,7 @@ from starlette.routing import Route
 from protos.nmt.v1 import translator_pb2 as pb
 from server.edge.gateway import CallFailed
 from server.edge.http.body import BodyError, parse_json, read_body
-from server.edge.http.edge import Edge, http_status, retry_headers
+from server.edge.http.context import Edge, http_status, retry_headers
 from server.edge.http.openapi import describe
 
 API = "native"

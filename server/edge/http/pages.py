@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from server.edge.http.edge import Edge
+from server.edge.http.context import Edge
 from server.edge.http.native import error_response
 
 API = "web"

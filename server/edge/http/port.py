@@ -30,7 +30,7 @@ from starlette.routing import Route
 
 from server.edge.http.deepl import DeepLApi
 from server.edge.http.documents import DocumentsApi
-from server.edge.http.edge import Edge
+from server.edge.http.context import Edge
 from server.edge.http.glossaries import GlossaryApi
 from server.edge.http.guard import HttpGuard, api_of, error_body
 from server.edge.http.libre import LibreTranslateApi

@@ -29,7 +29,7 @@ from starlette.routing import Route
 
 from protos.nmt.v1 import translator_pb2 as pb
 from server.edge.gateway import CallFailed
-from server.edge.http.edge import Edge
+from server.edge.http.context import Edge
 from server.edge.http.native import failed
 
 API = "native"

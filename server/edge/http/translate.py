@@ -17,7 +17,7 @@ import grpc
 
 from protos.nmt.v1 import translator_pb2 as pb
 from server.edge.gateway import Caller, CallFailed
-from server.edge.http.edge import Edge
+from server.edge.http.context import Edge
 from server.core.errors import ServiceError
 from server.frontend.language_id import Detection
 

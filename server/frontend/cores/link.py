@@ -30,7 +30,7 @@ from typing import Optional
 
 import numpy as np
 
-from server.coreprocess import protocol as wire
+from server.coreprocess import protocol
 from server.coreprocess.channel import FrameProtocol
 from server.core.errors import ServiceError, Unavailable
 from server.core.relay import Outflow, outflow_for
@@ -69,7 +69,7 @@ class CoreLink:
         self.up = False  # a core is Ready and has not been lost since
 
     # -- connection ------------------------------------------------------------------------
-    async def connect(self) -> wire.Ready:
+    async def connect(self) -> protocol.Ready:
         """(Re)connect to the core at `address` and wait for its Ready. The core listens once its models are
         warm (a restarted one at the same path): until then the connection is refused, and tried again."""
         self._close_channel()
@@ -85,7 +85,7 @@ class CoreLink:
             except (FileNotFoundError, ConnectionRefusedError):
                 await asyncio.sleep(CONNECT_RETRY_S)
         self.channel = channel
-        channel.send(wire.encode(wire.Hello(identity(os.getpid()))))
+        channel.send(protocol.encode(protocol.Hello(identity(os.getpid()))))
         ready = await self.ready
         self.row_costs = {facts.name: facts.row_cost_s for facts in ready.models}
         self.up = True
@@ -101,7 +101,7 @@ class CoreLink:
     def _send(self, msg) -> None:
         if self.channel is None:
             raise Unavailable("the engine core is restarting; retry")
-        self.channel.send(wire.encode(msg))
+        self.channel.send(protocol.encode(msg))
 
     def _close_channel(self) -> None:
         channel, self.channel = self.channel, None
@@ -147,7 +147,7 @@ class CoreLink:
             job.on_cancel = self._cancel
         self.submitting[ticket] = jobs
         try:
-            self._send(wire.Submit(ticket, model, specs))
+            self._send(protocol.Submit(ticket, model, specs))
             await future
         except BaseException:
             for job in jobs:
@@ -169,11 +169,11 @@ class CoreLink:
         return job
 
     @staticmethod
-    def _spec(job: Job | EmbedJob) -> wire.JobSpec:
+    def _spec(job: Job | EmbedJob) -> protocol.JobSpec:
         if isinstance(job, EmbedJob):
-            return wire.JobSpec(job.id, "embed", job.model, job.src_ids, job.timing.arrival, job.deadline)
-        return wire.JobSpec(job.id, "translate", job.model, job.src_ids, job.timing.arrival, job.deadline,
-                            wire.params_out(job.params), job.max_len, job.scores, job.stream, job.forced, job.prefix,
+            return protocol.JobSpec(job.id, "embed", job.model, job.src_ids, job.timing.arrival, job.deadline)
+        return protocol.JobSpec(job.id, "translate", job.model, job.src_ids, job.timing.arrival, job.deadline,
+                            protocol.params_out(job.params), job.max_len, job.scores, job.stream, job.forced, job.prefix,
                             job.terms, job.background)
 
     def _cancel(self, job: Job | EmbedJob) -> None:
@@ -181,7 +181,7 @@ class CoreLink:
             self._loop.call_soon_threadsafe(self._cancel, job)
             return
         if self.up and job.id in self.jobs and self.channel is not None:
-            self._send(wire.Cancel([job.id]))
+            self._send(protocol.Cancel([job.id]))
 
     async def metrics_text(self, timeout: float = 1.0) -> str:
         """The core registry's exposition. A core that does not answer within `timeout` (busy in a long
@@ -192,7 +192,7 @@ class CoreLink:
         ticket = next(self._tickets)
         future = self.waiting[ticket] = asyncio.get_running_loop().create_future()
         try:
-            self._send(wire.AskMetrics(ticket))
+            self._send(protocol.AskMetrics(ticket))
             self._last_metrics = await asyncio.wait_for(future, timeout)
         except (asyncio.TimeoutError, Unavailable):
             self.waiting.pop(ticket, None)
@@ -202,54 +202,54 @@ class CoreLink:
         """Tell the core that the frontend with this identity died: its jobs are cancelled. (The core sees
         its connection end as well; this says it whichever the core hears first.)"""
         if self.up and self.channel is not None:
-            self._send(wire.Forget(frontend))
+            self._send(protocol.Forget(frontend))
 
     async def stop(self, grace: float) -> None:
         """Ask the core to drain (refuse new work, finish within `grace`, fail the rest) and exit."""
         if self.up and self.channel is not None:
-            self._send(wire.Stop(grace))
+            self._send(protocol.Stop(grace))
 
     # -- answers -----------------------------------------------------------------------------
     def _on_message(self, payload: bytes) -> None:
         """One frame from the core (FrameProtocol calls this for every frame of a read, in order)."""
-        msg = wire.to_frontend(payload)
-        if isinstance(msg, wire.Events):
+        msg = protocol.to_frontend(payload)
+        if isinstance(msg, protocol.Events):
             if self.outflow.pending and not self.holding:  # the last message's events are still waiting
                 self._hold()
             self._deliver(msg.items)
-        elif isinstance(msg, wire.Ready):
+        elif isinstance(msg, protocol.Ready):
             if self.ready is not None and not self.ready.done():
                 self.ready.set_result(msg)
         else:
             future = self.waiting.pop(msg.ticket, None)
             if future is None or future.done():
                 return
-            if isinstance(msg, wire.Refused):
+            if isinstance(msg, protocol.Refused):
                 future.set_exception(error_of(msg.code, msg.message))
             else:
-                future.set_result(msg.text if isinstance(msg, wire.MetricsText) else None)
+                future.set_result(msg.text if isinstance(msg, protocol.MetricsText) else None)
 
     def _hold(self) -> None:
         """Tell the core to collect; Resume once this loop's streams have taken what they were given (the
         relay's drain and the streams run first), or after MAX_HOLD_S at the latest."""
         channel = self.channel  # the core's main thread reads Hold and Resume
         self.holding = True
-        channel.send(wire.encode(wire.Hold()))
+        channel.send(protocol.encode(protocol.Hold()))
         resumed = []
 
         def resume() -> None:
             if not resumed and channel is self.channel:
                 resumed.append(True)
                 self.holding = False
-                channel.send(wire.encode(wire.Resume()))
+                channel.send(protocol.encode(protocol.Resume()))
         loop = asyncio.get_running_loop()
         loop.call_later(MAX_HOLD_S, resume)
         loop.call_soon(self.outflow.when_empty, resume)
 
-    def _deliver(self, items: list[wire.Event]) -> None:
+    def _deliver(self, items: list[protocol.Event]) -> None:
         jobs = self.jobs
         for item in items:
-            if isinstance(item, wire.Tokens):
+            if isinstance(item, protocol.Tokens):
                 job = jobs.get(item.id)
                 if job is not None:
                     job.sink(TokenEvent(item.token_ids))
@@ -258,12 +258,12 @@ class CoreLink:
             if job is None:  # failed here already (core lost) or unknown
                 continue
             job.answered = True
-            if isinstance(item, wire.Finished):
+            if isinstance(item, protocol.Finished):
                 t = job.timing
                 t.scheduled, t.first_token, t.finished, t.last_token = item.timing
                 hyps = [Hypothesis(tokens, score, eos) for tokens, score, eos in item.hypotheses]
                 job.sink(FinishEvent(hyps, FinishReason(item.reason), item.input_tokens, t))
-            elif isinstance(item, wire.Embedded):
+            elif isinstance(item, protocol.Embedded):
                 job.timing.finished = time.monotonic()
                 job.sink(np.frombuffer(item.vector, dtype=np.float32))
             else:

@@ -21,7 +21,7 @@ import tempfile
 from typing import Awaitable, Callable, Optional
 
 from server.config import ServerConfig
-from server.coreprocess import protocol as wire
+from server.coreprocess import protocol
 from server.frontend.cores.link import CoreLink, socket_address
 from server.core.errors import Unavailable
 from server.observability.metrics import Metrics
@@ -91,13 +91,13 @@ class CoreSupervisor:
             self.command = [sys.executable, "-m", "server.coreprocess", "--config", self.config_file,
                             "--address", self.link.address, "--parent", str(os.getpid()), *extra]
 
-    async def start(self) -> wire.Ready:
+    async def start(self) -> protocol.Ready:
         """Start a core and wait for it to be Ready (raises CoreFailed if it exits first)."""
         ready = await self._launch()
         self._watcher = asyncio.create_task(self._watch(), name="core-watch")
         return ready
 
-    async def _launch(self) -> wire.Ready:
+    async def _launch(self) -> protocol.Ready:
         if self.attached:  # Ready comes once the primary's (new) core has bound the address
             ready = await self.link.connect()
             self.pid = ready.pid

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from server.core import relay
-from server.coreprocess import protocol as wire
+from server.coreprocess import protocol
 from server.coreprocess.channel import Frames, Peer, frame
 from server.frontend.cores.link import error_of
 from server.coreprocess.process import Outbox, to_wire
@@ -22,28 +22,28 @@ from server.core.request import DecodingParams, ErrorEvent, FinishEvent, FinishR
 
 
 def test_every_message_round_trips():
-    params = wire.params_out(DecodingParams(beam_size=4, temperature=0.0, seed=7, target_prefix="Ein",
+    params = protocol.params_out(DecodingParams(beam_size=4, temperature=0.0, seed=7, target_prefix="Ein",
                                             repetition_penalty=1.2, no_repeat_ngram_size=3, alternatives=0))
-    spec = wire.JobSpec(5, "translate", "m", [1, 2, 3], 12.5, 99.0, params, 40, True, False, (7,), (8, 9))
-    messages = [wire.Hello(b"frontend-7"), wire.Submit(1, "m", [spec]), wire.Cancel([5]), wire.Hold(), wire.Resume(),
-                wire.AskMetrics(2),
-                wire.Forget(b"frontend-1"), wire.Stop(3.0)]
+    spec = protocol.JobSpec(5, "translate", "m", [1, 2, 3], 12.5, 99.0, params, 40, True, False, (7,), (8, 9))
+    messages = [protocol.Hello(b"frontend-7"), protocol.Submit(1, "m", [spec]), protocol.Cancel([5]), protocol.Hold(), protocol.Resume(),
+                protocol.AskMetrics(2),
+                protocol.Forget(b"frontend-1"), protocol.Stop(3.0)]
     for msg in messages:
-        assert wire.to_core(wire.encode(msg)) == msg
-    events = wire.Events([wire.Tokens(5, [4, 5]), wire.Finished(5, [([4, 5, 2], -1.5, True)], "eos", 3,
+        assert protocol.to_core(protocol.encode(msg)) == msg
+    events = protocol.Events([protocol.Tokens(5, [4, 5]), protocol.Finished(5, [([4, 5, 2], -1.5, True)], "eos", 3,
                                                                   (1.0, 2.0, 3.0, 2.5)),
-                          wire.Failed(6, "DEADLINE_EXCEEDED", "late"), wire.Embedded(7, b"\0\0\0\0")])
-    for msg in [wire.Ready([wire.ModelFacts("m", "CPUExecutionProvider", 64, "int8-vnni")], 123), wire.Accepted(1),
-                wire.Refused(1, "RESOURCE_EXHAUSTED", "full"), events, wire.MetricsText(2, "# text")]:
-        assert wire.to_frontend(wire.encode(msg)) == msg
+                          protocol.Failed(6, "DEADLINE_EXCEEDED", "late"), protocol.Embedded(7, b"\0\0\0\0")])
+    for msg in [protocol.Ready([protocol.ModelFacts("m", "CPUExecutionProvider", 64, "int8-vnni")], 123), protocol.Accepted(1),
+                protocol.Refused(1, "RESOURCE_EXHAUSTED", "full"), events, protocol.MetricsText(2, "# text")]:
+        assert protocol.to_frontend(protocol.encode(msg)) == msg
 
 
 def test_decoding_params_survive_the_wire():
     p = DecodingParams(beam_size=3, length_penalty=0.6, temperature=0.7, top_k=5, top_p=0.9, seed=None,
                        max_output_tokens=20, num_hypotheses=2, repetition_penalty=1.3, no_repeat_ngram_size=2,
                        min_output_tokens=4, no_unknown_token=True, target_prefix="Der", alternatives=0)
-    assert wire.params_in(wire.to_core(wire.encode(wire.Submit(1, "m", [wire.JobSpec(
-        1, "translate", "m", [1], 0.0, None, wire.params_out(p))]))).jobs[0].params) == p
+    assert protocol.params_in(protocol.to_core(protocol.encode(protocol.Submit(1, "m", [protocol.JobSpec(
+        1, "translate", "m", [1], 0.0, None, protocol.params_out(p))]))).jobs[0].params) == p
 
 
 @pytest.mark.parametrize("kind", [InvalidArgument, ResourceExhausted, Unavailable, DeadlineExceeded])
@@ -56,10 +56,10 @@ def test_error_kinds_come_back_as_themselves(kind):
 def test_engine_events_become_wire_items():
     timing = Timing(arrival=1.0, scheduled=1.5, first_token=2.0, finished=3.0, last_token=2.9)
     finished = to_wire(4, FinishEvent([Hypothesis([np.int64(5), 2], -0.5, True)], FinishReason.LENGTH, 7, timing))
-    assert finished == wire.Finished(4, [([5, 2], -0.5, True)], "length", 7, (1.5, 2.0, 3.0, 2.9))
-    assert to_wire(4, TokenEvent([3])) == wire.Tokens(4, [3])
-    assert to_wire(4, ErrorEvent(DeadlineExceeded("late"))) == wire.Failed(4, "DEADLINE_EXCEEDED", "late")
-    assert to_wire(4, RuntimeError("bug")) == wire.Failed(4, "INTERNAL", "bug")
+    assert finished == protocol.Finished(4, [([5, 2], -0.5, True)], "length", 7, (1.5, 2.0, 3.0, 2.9))
+    assert to_wire(4, TokenEvent([3])) == protocol.Tokens(4, [3])
+    assert to_wire(4, ErrorEvent(DeadlineExceeded("late"))) == protocol.Failed(4, "DEADLINE_EXCEEDED", "late")
+    assert to_wire(4, RuntimeError("bug")) == protocol.Failed(4, "INTERNAL", "bug")
     vector = to_wire(4, np.array([1.0, 2.0], dtype=np.float64))
     assert np.frombuffer(vector.vector, dtype=np.float32).tolist() == [1.0, 2.0]
 
@@ -85,17 +85,17 @@ def outbox(pair):
 
 
 def test_tokens_merge_while_held_and_first_tokens_and_ends_are_urgent(outbox):
-    outbox.post(wire.Tokens(1, [10]))
+    outbox.post(protocol.Tokens(1, [10]))
     assert outbox.urgent  # a first token: sent even while the frontend is behind
-    assert outbox.take() == [wire.Tokens(1, [10])] and not outbox.urgent
+    assert outbox.take() == [protocol.Tokens(1, [10])] and not outbox.urgent
     for t in (11, 12, 13):  # the frontend is behind: the same stream's tokens merge into one item
-        outbox.post(wire.Tokens(1, [t]))
-    outbox.post(wire.Tokens(2, [20]))  # another job's first token: urgent again, its own item
+        outbox.post(protocol.Tokens(1, [t]))
+    outbox.post(protocol.Tokens(2, [20]))  # another job's first token: urgent again, its own item
     assert outbox.urgent
-    outbox.post(wire.Failed(1, "CANCELLED", "gone"))  # an end comes after the job's tokens
-    outbox.post(wire.Tokens(2, [21]))
-    assert outbox.take() == [wire.Tokens(1, [11, 12, 13]), wire.Tokens(2, [20, 21]), wire.Failed(1, "CANCELLED", "gone")]
-    outbox.post(wire.Tokens(2, [22]))  # not a first token any more, nothing ended: not urgent
+    outbox.post(protocol.Failed(1, "CANCELLED", "gone"))  # an end comes after the job's tokens
+    outbox.post(protocol.Tokens(2, [21]))
+    assert outbox.take() == [protocol.Tokens(1, [11, 12, 13]), protocol.Tokens(2, [20, 21]), protocol.Failed(1, "CANCELLED", "gone")]
+    outbox.post(protocol.Tokens(2, [22]))  # not a first token any more, nothing ended: not urgent
     assert not outbox.urgent
 
 
@@ -105,7 +105,7 @@ def test_an_engine_thread_wakes_the_socket_thread_once_per_step(outbox):
     relay.hold_wakeups()  # as the engine loop does
     try:
         for t in range(5):
-            outbox.post(wire.Tokens(1, [t]))
+            outbox.post(protocol.Tokens(1, [t]))
         assert woken == []
         relay.flush()
         assert woken == [1]
@@ -124,7 +124,7 @@ def test_the_engine_thread_sends_each_steps_events_on_the_frontends_connection(o
         messages = []
         try:
             while True:
-                messages += [wire.to_frontend(p) for p in frames.feed(frontend_end.recv(65536))]
+                messages += [protocol.to_frontend(p) for p in frames.feed(frontend_end.recv(65536))]
         except socket.timeout:
             return messages
 
@@ -136,35 +136,35 @@ def test_the_engine_thread_sends_each_steps_events_on_the_frontends_connection(o
             relay.flush()
         finally:
             relay._thread.held = None
-    step(wire.Tokens(1, [10]), wire.Tokens(2, [20]))
-    assert received() == [wire.Events([wire.Tokens(1, [10]), wire.Tokens(2, [20])])]
+    step(protocol.Tokens(1, [10]), protocol.Tokens(2, [20]))
+    assert received() == [protocol.Events([protocol.Tokens(1, [10]), protocol.Tokens(2, [20])])]
     outbox.held = True  # the frontend said Hold
-    step(wire.Tokens(1, [11]))
-    step(wire.Tokens(1, [12]))
+    step(protocol.Tokens(1, [11]))
+    step(protocol.Tokens(1, [12]))
     assert received() == []  # collected, merged
-    step(wire.Finished(2, [([20], 0.0, True)], "eos", 1, (None, None, None, None)))  # an end: urgent
-    assert received() == [wire.Events([wire.Tokens(1, [11, 12]),
-                                       wire.Finished(2, [([20], 0.0, True)], "eos", 1, (None, None, None, None))])]
+    step(protocol.Finished(2, [([20], 0.0, True)], "eos", 1, (None, None, None, None)))  # an end: urgent
+    assert received() == [protocol.Events([protocol.Tokens(1, [11, 12]),
+                                       protocol.Finished(2, [([20], 0.0, True)], "eos", 1, (None, None, None, None))])]
     outbox.gone = True  # the frontend died: dropped
-    step(wire.Tokens(1, [13]))
+    step(protocol.Tokens(1, [13]))
     assert received() == [] and not outbox.items
 
 
 def test_a_post_off_the_engine_thread_is_left_to_the_main_thread(outbox):
     """A job failed while its engine sleeps (posted from another thread) is due for the main thread,
     which is woken (Core._wake); nothing is sent from the posting thread."""
-    outbox.post(wire.Failed(1, "CANCELLED", "gone"))
+    outbox.post(protocol.Failed(1, "CANCELLED", "gone"))
     assert outbox.main_due and outbox.woken == [1]
-    assert outbox.items == [wire.Failed(1, "CANCELLED", "gone")]
+    assert outbox.items == [protocol.Failed(1, "CANCELLED", "gone")]
 
 
 @pytest.mark.parametrize("cut", [1, 3, 4, 5, 9])
 def test_frames_survive_any_split(cut):
-    messages = [wire.Accepted(1), wire.Events([wire.Tokens(3, list(range(40)))]), wire.Refused(2, "X", "why")]
-    data = b"".join(frame(wire.encode(m)) for m in messages)
+    messages = [protocol.Accepted(1), protocol.Events([protocol.Tokens(3, list(range(40)))]), protocol.Refused(2, "X", "why")]
+    data = b"".join(frame(protocol.encode(m)) for m in messages)
     frames, got = Frames(), []
     for at in range(0, len(data), cut):
-        got += [wire.to_frontend(p) for p in frames.feed(data[at:at + cut])]
+        got += [protocol.to_frontend(p) for p in frames.feed(data[at:at + cut])]
     assert got == messages
 
 
@@ -205,7 +205,7 @@ def test_a_send_to_a_frontend_that_is_gone_is_dropped(pair):
 
 def test_terminal_items_release_the_job(outbox):
     outbox.jobs[3] = object()
-    outbox.post(wire.Finished(3, [([2], 0.0, True)], "eos", 1, (None, None, None, None)))
+    outbox.post(protocol.Finished(3, [([2], 0.0, True)], "eos", 1, (None, None, None, None)))
     assert 3 not in outbox.jobs
 
 
@@ -359,4 +359,4 @@ def test_a_link_whose_connection_ends_takes_no_more_work():
     link._on_lost(None)
     assert not link.up and link.channel is None
     with pytest.raises(Unavailable):
-        link._send(wire.Cancel([1]))
+        link._send(protocol.Cancel([1]))

@@ -44,7 +44,7 @@ from server.coreprocess import protocol
 from server.coreprocess.channel import Peer, listen
 from server.frontend.cores.placement import measure_row_cost
 from server.core.errors import ServiceError
-from server.frontend.hosted import HostedModel
+from server.coreprocess.model_engine import ModelEngine
 from server.observability.metrics import Metrics
 from server.observability import logs
 from server.core.request import EmbedJob, ErrorEvent, FinishEvent, Job, TokenEvent
@@ -139,7 +139,7 @@ class Outbox:
 
 
 class Core:
-    def __init__(self, models: dict[str, HostedModel], metrics: Metrics, address: str, parent: int,
+    def __init__(self, models: dict[str, ModelEngine], metrics: Metrics, address: str, parent: int,
                  watchdog_s: float, row_costs: Optional[dict[str, float]] = None):
         """`row_costs`: each model's measured cost per row and decode step (placement.py), said in Ready."""
         self.models, self.metrics, self.parent, self.watchdog_s = models, metrics, parent, watchdog_s
@@ -338,11 +338,18 @@ class Core:
             t.join()
 
 
+def pieces_here(bundle) -> tuple[str, ...]:
+    """A model's vocabulary pieces from its own tokenizer, for a core started without its frontend's."""
+    from models.core.bundle_tokenizer import load_tokenizer
+    from server.core.terms import pieces_of
+    return pieces_of(load_tokenizer(bundle.tokenizer_entry, bundle.path), bundle.spec.out_vocab_size)
+
+
 def main(cfg: ServerConfig, address: str, parent: int, pieces: Optional[dict[str, tuple[str, ...]]] = None,
          measure: bool = True) -> None:
     """The core process's entry point (multiprocessing, spawn): load, warm up, measure each model's row cost
     (unless `measure` is off: the background replica, which placement never chooses by it), say Ready, serve.
-    A model with `pieces` (its frontend's) loads no tokenizer here."""
+    A model with `pieces` (its frontend's) loads no tokenizer here (ModelEngine: server/coreprocess/model_engine.py)."""
     # The primary frontend decides when to stop (the Stop message, after its own drain has begun): a
     # signal to the whole process group (Ctrl-C, systemd's control-group kill) must not end the core
     # under its callers. A frontend that is gone ends it too (Core._check).
@@ -352,7 +359,7 @@ def main(cfg: ServerConfig, address: str, parent: int, pieces: Optional[dict[str
     metrics = Metrics()
     models, row_costs = {}, {}
     for bundle in discover(cfg.model_repository):
-        model = HostedModel(bundle, cfg, metrics, pieces=(pieces or {}).get(bundle.name))
+        model = ModelEngine(bundle, cfg, metrics, (pieces or {}).get(bundle.name) or pieces_here(bundle))
         model.start()
         models[bundle.name] = model
         if cfg.warmup and measure:  # measured warm only: unmeasured, a model counts as 0 and is packed

@@ -1,23 +1,25 @@
-"""One served model: its bundle, tokenizer, runtime, slot cache, scheduler and engine loop.
-
-Also the request checks that depend on the model (source length in tokens,
-output budget), so every limit is enforced before anything is queued.
+"""One served model as the frontend prepares its requests: its bundle, tokenizer, languages, documents
+planned into sentences, the request checks that depend on the model (source length in tokens, output
+budget, the decoding options against the server's limits) and the jobs, so every limit is enforced before
+anything is queued. The jobs go to the engine through `link`: a core's link (server/frontend/cores/link.py)
+or, with `--engine-core thread`, the ModelEngine built here (server/coreprocess/model_engine.py: the
+engine's construction and warm-up live there, where an engine core process builds its own).
 """
 from __future__ import annotations
 
 import functools
-import threading
 from typing import Callable, Optional
 
 from models.core.bundle import Bundle
 from models.core.config import max_output_len
 from server.config import ServerConfig
+from server.coreprocess.model_engine import ModelEngine, limits
 from server.documents.html import plan_html
 from server.documents.plan import MIME_HTML, DocumentOptions, Plan
 from server.documents.segment import plan_text
 from server.core.errors import InvalidArgument, shown
 from server.observability.metrics import Metrics
-from server.core.request import DecodingParams, EmbedJob, ErrorEvent, Event, FinishEvent, GenerationRules, Job
+from server.core.request import DecodingParams, EmbedJob, Event, Job
 from server.core.terms import pieces_of
 
 
@@ -36,58 +38,16 @@ class HostedModel:
         # Planning measures each sentence in tokens, then the jobs tokenise it: once is enough.
         # (The ids are never mutated: callers build new lists around them.)
         self._encode = functools.lru_cache(maxsize=8192)(self.tok.encode) if self.tok else None
-        spec = bundle.spec
-        self.max_source = min(cfg.max_source_tokens, spec.max_positions)
-        self.max_output = min(cfg.max_output_tokens, spec.max_positions - 1)
+        self.max_source, self.max_output = limits(cfg, bundle)
         self.capacity, self.provider = cfg.max_batch_size, ""
         self.variant = cfg.variant  # the engine's, once built here or told by the core (int8 may run int8-vnni)
         self.m = metrics.for_model(self.name)
         # With the engine in a core process (--engine-core process) this process only builds and checks
         # requests: the core's link queues them (server/frontend/cores/link.py). Else the engine is here.
-        self.link = None
+        self.link = None  # where jobs go: a core's link (server/frontend/cores/link.py), or the engine here
+        self.here = None  # the engine in this process (--engine-core thread)
         if engine:
             self._build_engine(bundle, cfg, metrics)
-
-    def _build_engine(self, bundle: Bundle, cfg: ServerConfig, metrics: Metrics) -> None:
-        # Imported here: a frontend over engine core processes (--engine-core process) builds no engine, and
-        # ONNX Runtime alone is ~20 MB resident in every process that imports it.
-        from models.core.kv_cache import SlotCache
-        from models.core.heap import keep_freed_memory
-        from models.core.runtime import OnnxModel, RuntimeOptions
-        from server.core.choose import TokenChooser
-        from server.core.engine import Engine
-        from server.core.loop import EngineLoop
-        from server.core.runaway import RunawayGuard
-        from server.core.scheduler import Scheduler
-        keep_freed_memory()
-        self.runtime = OnnxModel(bundle, RuntimeOptions(variant=cfg.variant, int8_weights=cfg.int8_weights,
-                                                        provider=cfg.provider, decoder=cfg.decoder,
-                                                        cuda_graphs=cfg.cuda_graphs,
-                                                        device_id=cfg.devices[0] if cfg.on_cuda else 0,
-                                                        intra_op_threads=cfg.engine_threads,
-                                                        inter_op_threads=cfg.inter_op_threads,
-                                                        shared_pool=cfg.spinning,
-                                                        allow_spinning=cfg.spinning))
-        spec = bundle.spec
-        self.provider, self.variant = self.runtime.providers[0], self.runtime.variant
-        self.cache = SlotCache(spec, cfg.max_batch_size, self.max_source, self.max_output + 1,
-                               self.runtime.cache_dtype, self.runtime.cache_device)
-        self.capacity = self.cache.capacity
-        generation = bundle.config.get("generation", {})
-        rules = GenerationRules(spec.eos_id, spec.suppress_ids, bool(generation.get("force_eos_at_limit", False)),
-                                bool(generation.get("renormalize", False)),
-                                bool(generation.get("early_stopping", True)), spec.bos_id,
-                                self.pieces)
-        self.scheduler = Scheduler(self.name, self.cache, metrics, spec.eos_id,
-                                   max_queue=cfg.max_queue_size, max_encode_tokens=cfg.max_batch_tokens,
-                                   max_encode_batch=cfg.max_batch_size, stream_interval=cfg.stream_interval,
-                                   rules=rules, guard=RunawayGuard(cfg.runaway_guard, min_span=cfg.runaway_min_span,
-                                                                   length_ratio=cfg.runaway_length_ratio))
-        self.engine = Engine(self.name, self.runtime, self.cache, metrics, cfg.max_encode_padding,
-                             TokenChooser(rules.suppress_ids, rules.renormalize, spec.eos_id, spec.unk_id))
-        self.loop = EngineLoop(self.scheduler, self.engine, cfg.max_queue_delay_ms / 1000.0, cfg.visit_steps)
-        for gauge in (metrics.running, metrics.waiting, metrics.kv_usage):
-            gauge.labels(self.name).set(0)
 
     @property
     def pieces(self) -> tuple[str, ...]:
@@ -97,81 +57,20 @@ class HostedModel:
         return self._pieces
 
     async def submit(self, jobs: list) -> None:
-        """Queue a request's jobs, all or none (a ServiceError otherwise): into this process's scheduler,
-        or through the link into the engine core's."""
-        if self.link is None:
-            self.scheduler.submit(jobs)
-        else:
-            await self.link.submit(self.name, jobs)
+        """Queue a request's jobs, all or none (a ServiceError otherwise): through the link into the engine
+        core's scheduler, or into this process's engine (--engine-core thread)."""
+        await self.link.submit(self.name, jobs)
 
-    def engine_problem(self, now: float, stuck_after: float) -> Optional[str]:
-        """Why this model's engine loop cannot be trusted any more (dead, or no progress with work
-        waiting for `stuck_after` seconds), or None."""
-        if not self.loop.is_alive():
-            return f"the engine loop of {self.name} has died"
-        if not self.scheduler.idle and now - self.loop.heartbeat > stuck_after:
-            return f"the engine loop of {self.name} made no progress for {now - self.loop.heartbeat:.1f} s with work waiting"
-        return None
-
-    def start(self) -> None:
-        self.loop.start()
-        if self.cfg.warmup:
-            self.warmup()
-
-    def warmup(self) -> None:
-        """One greedy and one beam translation, so the first user request pays no lazy initialisation; with
-        CUDA graphs, every bucket's graph too (warm_buckets)."""
-        for params in (DecodingParams(), DecodingParams(beam_size=2)):
-            self._warm(params)
-        step = self.engine.inplace
-        if step is not None and step.bucketed:
-            self.warm_buckets(step.sizes)
-
-    def warm_buckets(self, sizes: list[int]) -> None:
-        """Run the step at every bucket of rows a few times, so each bucket's CUDA graph is captured now,
-        before any traffic, on the engine thread (models/core/inplace_step.py). ONNX Runtime keeps a graph
-        in the capturing thread's context and captures with cudaStreamCaptureModeGlobal, so another thread's
-        CUDA calls during a capture break it: captured at run time, one model's first step at a new bucket
-        could fail another model's concurrent step. Models warm up one after another, with no traffic."""
-        for rows in sizes:  # one source sampled `rows` times: exactly `rows` rows for 4 steps
-            self._warm(DecodingParams(temperature=1.0, seed=0, num_hypotheses=rows, min_output_tokens=4,
-                                      max_output_tokens=4))
-
-    def _warm(self, params: DecodingParams) -> None:
-        self.run_probes(params, 1, "warm-up", 60.0)
-
-    def run_probes(self, params: DecodingParams, count: int, what: str, timeout_s: float) -> list[Job]:
-        """Submit `count` probe calls with `params` together and wait until every one has ended; -> their jobs
-        (each with its timing). Through the tokenizer when this model has one, so warm-up reaches it too;
-        probe_job's ids otherwise. Warm-up and the decode step's measurement (server/frontend/cores/placement.py)
-        run these on an idle engine, before any traffic. Raises RuntimeError, naming `what`, if one fails or
-        they take longer than `timeout_s`."""
-        done, ends = threading.Event(), []
-
-        def sink(event: Event) -> None:
-            if isinstance(event, (FinishEvent, ErrorEvent)):
-                ends.append(event)
-                if len(ends) == count:
-                    done.set()
-        jobs = self.jobs(["Warm-up."] * count, params, sink, None) if self.tok else \
-            [self.probe_job(params, sink) for _ in range(count)]
-        self.scheduler.submit(jobs)
-        if not done.wait(timeout_s) or any(isinstance(e, ErrorEvent) for e in ends):
-            raise RuntimeError(f"{what} of {self.name} failed: {ends}")
-        return jobs
-
-    def probe_job(self, params: DecodingParams, sink: Callable[[Event], None]) -> Job:
-        """A job of a few ids, no tokenizer needed (an engine core has none): runs every graph as text would
-        (run_probes)."""
-        lead, forced = self.language_tokens("", "")
-        spec = self.bundle.spec
-        word = next(i for i in range(spec.vocab_size - 1, -1, -1) if i not in (spec.pad_id, spec.eos_id, spec.unk_id))
-        ids = lead + [word] * 3 + [spec.eos_id]
-        budget = min(params.max_output_tokens or max_output_len(len(ids), self.max_output), self.max_output - len(forced))
-        return Job(self.name, ids, params, budget, sink, None, forced=forced)
-
-    def stop(self, grace: float) -> None:
-        self.loop.stop(grace)
+    # -- the engine in this process (--engine-core thread; server/coreprocess/model_engine.py) --------------
+    def _build_engine(self, bundle: Bundle, cfg: ServerConfig, metrics: Metrics) -> None:
+        prepare = (lambda texts, params, sink: self.jobs(texts, params, sink, None)) if self.tok else None
+        here = self.here = ModelEngine(bundle, cfg, metrics, self.pieces, prepare)
+        self.link = here  # requests queue into it as into a core's link
+        self.provider, self.variant, self.capacity = here.provider, here.variant, here.capacity
+        self.runtime, self.cache, self.scheduler, self.engine, self.loop = \
+            here.runtime, here.cache, here.scheduler, here.engine, here.loop
+        self.start, self.stop, self.warmup, self.warm_buckets = here.start, here.stop, here.warmup, here.warm_buckets
+        self.run_probes, self.engine_problem = here.run_probes, here.engine_problem
 
     # -- languages -----------------------------------------------------------------------
     def serves(self, source: str, target: str) -> bool:

@@ -121,7 +121,7 @@ class TranslationServer:
             self._metrics_http = self.metrics.serve(cfg.metrics_port, cfg.metrics_host or cfg.host)
             self.metrics_port = self._metrics_http[0].server_port
         self.admission.quota_of = self.security.quota_of
-        self.budget = MemoryBudget(parse_limit(cfg.memory_limit), self.processes)  # --memory-limit
+        self.budget = MemoryBudget(parse_limit(cfg.memory_limit), self.processes, self.metrics)  # --memory-limit
         self.admission.budget = self.budget
         await self.server.start()
         self._loop_lag = asyncio.create_task(looplag.watch(self.metrics.loop_lag), name="loop-lag")

@@ -134,6 +134,10 @@ class Metrics:
                                          registry=r)
         # --frontends N: () -> the other frontends' expositions, merged into this one's at each scrape
         self.others = None
+        self.memory_trims = Counter("nmt_memory_trims", "Times this frontend handed its free heap pages back to "
+                                    "the system after a burst (server/frontend/memory_budget.py).", registry=r)
+        self.memory_trimmed = Counter("nmt_memory_trimmed_bytes", "Resident bytes those trims gave back.",
+                                      registry=r)
         self.queue_capacity = Gauge("nmt_queue_capacity", "Sentences the waiting queue holds per model "
                                     "(--max-queue-size): nmt_waiting_requests / this is the queue's fill.",
                                     ["model"], registry=r)

@@ -7,6 +7,10 @@ never is. tests/unit: the setting's parsing.
 """
 from __future__ import annotations
 
+import concurrent.futures as cf
+import json
+import time
+
 import deepl
 import grpc
 import httpx
@@ -18,6 +22,7 @@ from google.rpc import error_details_pb2
 from protos.nmt.v1 import translator_pb2 as pb
 from protos.nmt.v1 import translator_pb2_grpc as pb_grpc
 from server.config import ServerConfig
+from benchmarks.harness import ServerProcess
 from server.frontend.memory_budget import parse_limit
 from tests.serving import ServerThread
 
@@ -84,3 +89,30 @@ def test_below_the_budget_nothing_is_refused(start_server):
     with grpc.insecure_channel(s.target) as channel:
         reply = pb_grpc.TranslatorStub(channel).Translate(pb.TranslateRequest(texts=[TEXT]), timeout=60)
     assert reply.translations[0].hypotheses[0].text
+
+
+def _counter(server: ServerProcess, name: str) -> float:
+    text = httpx.get(server.metrics_url, timeout=10).text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
+def test_what_a_burst_of_large_bodies_took_is_handed_back_when_it_ends():
+    """64 bodies of 3.4 MB (each refused: more texts than a request may hold, after being parsed whole) grow
+    a fresh server's frontend by well over TRIM_GROWTH (155 -> 330 MB measured); once its memory holds
+    still, the frontend trims its heaps (malloc_trim) and counts it. A server process of its own: the
+    frontend's heap is then the server's alone, not the test runner's."""
+    server = ServerProcess(http_port=0).start()
+    try:
+        assert _counter(server, "nmt_memory_trims_total") == 0
+        body = json.dumps({"texts": ["A dog runs in the park. " * 1000] * 140}).encode()
+        with httpx.Client(timeout=60) as http, cf.ThreadPoolExecutor(8) as pool:
+            statuses = set(pool.map(lambda _: http.post(server.http_url + "/v1/translate", content=body, headers={
+                "Content-Type": "application/json"}).status_code, range(64)))
+        assert statuses == {400}
+        deadline = time.monotonic() + 60  # a condition waited for: the burst's end is seen within a second
+        while _counter(server, "nmt_memory_trims_total") == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _counter(server, "nmt_memory_trims_total") >= 1
+        assert _counter(server, "nmt_memory_trimmed_bytes_total") > 0
+    finally:
+        server.stop()

@@ -155,6 +155,14 @@ class TranslationServer:
             self._watchdog = asyncio.create_task(self._watch())
         return self.port
 
+    def _cores(self) -> list[tuple[str, object]]:
+        """(name, supervisor) of every engine core process: the replicas by index, then the background one
+        while it runs."""
+        cores = [(str(i), m) for i, m in enumerate(self.core.members)]
+        if self.core.background is not None:
+            cores.append(("background", self.core.background))
+        return cores
+
     def _members(self) -> list[tuple[str, str, int]]:
         """(role, name, pid) of every live process of this server, as it knows them now (an extra frontend
         finds the primary's other children in /proc: it started none of them)."""
@@ -169,10 +177,8 @@ class TranslationServer:
         if self.frontends is not None:
             out += [("frontend", str(i), p.pid) for i, p in sorted(self.frontends.procs.items()) if p.poll() is None]
         if self.core is not None:
-            out += [("replica", str(i), m.pid) for i, m in enumerate(self.core.members) if m.pid]
-            background = self.core.background
-            if background is not None and background.pid:
-                out.append(("background", "background", background.pid))
+            out += [("background" if name == "background" else "replica", name, m.pid)
+                    for name, m in self._cores() if m.pid]
         return out
 
     def _memory(self) -> list[dict]:
@@ -183,10 +189,7 @@ class TranslationServer:
         """What GET /v1/status reads of the engine (server/edge/http/status.py)."""
         if self.core is not None:
             def replicas() -> list[dict]:
-                members = [(str(i), m) for i, m in enumerate(self.core.members)]
-                if self.core.background is not None:
-                    members.append(("background", self.core.background))
-                return [{"name": name, "up": bool(m.link.up), "pid": m.pid} for name, m in members]
+                return [{"name": name, "up": bool(m.link.up), "pid": m.pid} for name, m in self._cores()]
             return EngineView("process", self.core.metrics_text, replicas, self._memory)
 
         async def exposition() -> str:

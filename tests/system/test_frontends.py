@@ -95,9 +95,8 @@ def test_connections_spread_over_frontends_and_metrics_are_one_view(start_server
     assert "nmt_running_requests" in text  # the core's series, through the primary
     # Every process's resident memory, one series each, read by the primary: the same pids /v1/status lists
     replica = srv.app.core.members[0].pid
-    series = dict(re.findall(r'^nmt_process_resident_memory_bytes\{name="(\w+)",role="(\w+)"\} (\S+)$', text, re.M)
-                  and [((role, name), float(value)) for name, role, value in re.findall(
-                      r'^nmt_process_resident_memory_bytes\{name="(\w+)",role="(\w+)"\} (\S+)$', text, re.M)])
+    series = {(role, name): float(value) for name, role, value in re.findall(
+        r'^nmt_process_resident_memory_bytes\{name="(\w+)",role="(\w+)"\} (\S+)$', text, re.M)}
     for key in (("frontend", "0"), ("frontend", "1"), ("frontend", "2"), ("replica", "0")):
         assert series[key] > 10 << 20, (key, series)
     for _ in range(9):  # a connection each: whichever frontend answers (an extra one reads /proc), the same list

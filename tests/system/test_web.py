@@ -132,15 +132,6 @@ def finished(session) -> str:
     return by(session, "output").text
 
 
-def metric(srv, name: str, **labels) -> float:
-    text = httpx.get(f"http://127.0.0.1:{srv.app.metrics_port}/metrics", timeout=30).text
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
 # -- the pages as files: no browser ------------------------------------------------------------
 def test_pages_are_served_from_the_server_under_a_policy_that_forbids_inline_and_outside_code(srv):
     pages = {path: httpx.get(srv.http + path, timeout=30) for path in
@@ -201,11 +192,12 @@ def test_status_endpoint_counts_the_engines_work(srv):
 # -- the translator page ---------------------------------------------------------------------
 def test_a_typed_sentence_streams_in_and_is_the_apis_translation(srv, browser):
     text = "A man is riding a bike. Two dogs play in the snow. A woman sings on a stage."
-    streams = metric(srv, "nmt_http_requests_total", api="native", operation="TranslateStream", status="200")
+    streams = srv.metric("nmt_http_requests_total", missing_ok=True, api="native", operation="TranslateStream",
+                         status="200")
     open_page(browser, srv.http + "/")
     shown = translate(browser, text, source="en", target="de")
     assert shown == api_translation(srv, text, "de", "en")
-    assert metric(srv, "nmt_http_requests_total", api="native", operation="TranslateStream", status="200") \
+    assert srv.metric("nmt_http_requests_total", api="native", operation="TranslateStream", status="200") \
         == streams + 1  # through the stream endpoint: the words appear as they decode
     output = by(browser, "output")
     assert int(output.get_attribute("data-deltas")) >= 1

@@ -9,7 +9,7 @@ The engine loop is driven by hand (no thread, no gRPC, no asyncio): jobs with lo
 runaway guard off, max_output_tokens large) keep about R rows decoding (finished ones are replaced
 between iterations, outside the timing), and every iteration is timed: "Python per step" is its
 wall time minus the time inside ONNX Runtime's run calls (encoder and decoder), "update" the
-scheduler's bookkeeping after the engine's choice (server/core/choose.py's time is in "Python"). `--tiny` serves a randomly initialised tiny-preset export instead, whose
+scheduler's bookkeeping after the engine's choice (server/core/chooser.py's time is in "Python"). `--tiny` serves a randomly initialised tiny-preset export instead, whose
 graph costs almost nothing: its tokens/s is the serving layer's own ceiling (issue 21's target).
 """
 from __future__ import annotations
@@ -79,10 +79,10 @@ def measure(bundle_path: Path, rows: int, steps: int, mode: str, threads: int, f
     cfg = ServerConfig(max_batch_size=rows, max_queue_size=4 * rows, runaway_guard=False, warmup=False,
                        intra_op_threads=threads, max_output_tokens=400, variant=variant)
     model = HostedModel(load_bundle(bundle_path), cfg, Metrics())
-    sched, engine = model.scheduler, model.engine
+    sched, engine = model.here.scheduler, model.here.engine
     # Phase timers: ONNX Runtime's own calls, and the scheduler's phases.
     ort_calls = []
-    for session in filter(None, [model.runtime.encoder, model.runtime._decoder, model.runtime.inplace]):
+    for session in filter(None, [model.here.runtime.encoder, model.here.runtime._decoder, model.here.runtime.inplace]):
         ort_calls.append(Timed(session.run))
         session.run = ort_calls[-1]
         if hasattr(session, "run_with_iobinding"):
@@ -123,7 +123,7 @@ def measure(bundle_path: Path, rows: int, steps: int, mode: str, threads: int, f
             sched.submit(model.jobs([texts[i % 2] for i in range(missing)], params, sink, None))
     refill()
     now = time.monotonic()
-    model.loop.iteration(now)  # admit and encode the first batch (not timed)
+    model.here.loop.iteration(now)  # admit and encode the first batch (not timed)
     for t in ort_calls:
         t.total = 0.0
     update.total = 0.0
@@ -133,7 +133,7 @@ def measure(bundle_path: Path, rows: int, steps: int, mode: str, threads: int, f
         refill()  # the benchmark's own submissions (tokenising new jobs) are not the engine's time
         batch_sizes.append(engine.cache.used)
         t0 = time.perf_counter()
-        model.loop.iteration(time.monotonic())
+        model.here.loop.iteration(time.monotonic())
         wall += time.perf_counter() - t0
     in_ort = sum(t.total for t in ort_calls)
     tokens = sum(batch_sizes) // max(beam, 1)  # output tokens of the best hypotheses (beam: one per k rows)

@@ -124,9 +124,9 @@ async def inprocess(args, texts) -> dict:
     from server.core.request import DecodingParams, ErrorEvent, FinishEvent, TokenEvent
     cfg = ServerConfig.from_args(server_flags(args))
     model = HostedModel(discover(args.repository)[0], cfg, Metrics())
-    runtime = model.runtime
+    runtime = model.here.runtime
     inside_ort = time_inside(runtime.encoder, runtime.inplace if runtime.inplace is not None else runtime.decoder)
-    model.start()
+    model.here.start()
     loop = asyncio.get_running_loop()
 
     async def stream(text: str) -> Sample:
@@ -134,7 +134,7 @@ async def inprocess(args, texts) -> dict:
         events: asyncio.Queue = asyncio.Queue()
         (job,) = model.jobs([text], DecodingParams(), relay_for(loop).sink(events.put_nowait), None,
                               stream=True)
-        model.scheduler.submit([job])
+        model.here.scheduler.submit([job])
         first, last, gaps = None, None, []
         while True:
             ev = await events.get()
@@ -151,10 +151,10 @@ async def inprocess(args, texts) -> dict:
             elif isinstance(ev, ErrorEvent):
                 raise ev.error
     levels = await run_all(stream, texts, args, cpu_seconds, inside_ort)
-    model.stop(5)
+    model.here.stop(5)
     # The TTFT bound (one encoder pass + one step at batch 1) and the scaling ceiling, from ORT alone.
     out_len = sum(lv["tokens"] for lv in levels) / sum(lv["requests"] for lv in levels)
-    return {"levels": levels, "components": component_costs(model.runtime, model.tok, texts, out_len)}
+    return {"levels": levels, "components": component_costs(model.here.runtime, model.tok, texts, out_len)}
 
 
 async def through_grpc(args, texts) -> dict:

@@ -137,6 +137,14 @@ class ServerThread:
                              f"waiting={self.metric('nmt_waiting_requests')}")
 
 
+def key_file(directory: Path, *lines: str) -> str:
+    """A --api-keys-file in `directory` holding `lines` (server/security/keys.py file_line: a key id, its key,
+    and its limits): the one way the tests turn API keys on."""
+    path = Path(directory) / "keys.txt"
+    path.write_text("".join(line + "\n" for line in lines))
+    return str(path)
+
+
 def wait_for(predicate, timeout: float = 20.0, every: float = 0.02) -> bool:
     """Poll until true; the timeout only bounds a failure (each use waits for a settled state)."""
     end = time.monotonic() + timeout
@@ -191,7 +199,7 @@ class EngineGate:
     """
 
     def __init__(self, model, let_through: int = 0, timeout: float = 30.0, after=None):
-        self.loop, self.let_through, self.timeout = model.loop, let_through, timeout
+        self.loop, self.let_through, self.timeout = model.here.loop, let_through, timeout
         self.after = after  # called on the engine thread after each iteration (e.g. to record who ran)
         self.released = threading.Event()
         self.held = threading.Event()  # the engine is waiting at the gate now

@@ -1,7 +1,7 @@
 """The engine: encoder passes into fresh slots, and one decode step over every running row.
 
 It never sees a queue or a request: the scheduler hands it jobs to encode and,
-each step, what every row needs (server/core/choose.py's RowControls); the engine
+each step, what every row needs (server/core/chooser.py's RowControls); the engine
 runs the step, chooses the tokens and returns plain arrays. Logits never leave
 it. Rows are decoded in slot order.
 """
@@ -19,7 +19,7 @@ from models.core.inplace_step import InPlaceStep
 from models.core.kv_cache import IDLE_S, Row, SlotCache
 from models.core.runtime import OnnxModel
 from models.core.static_decode import pad_batch
-from server.core.choose import Choices, RowControls, TokenChooser
+from server.core.chooser import Choices, RowControls, TokenChooser
 from server.core.greedy import choose_greedy, plain
 from server.core.request import EmbedJob, Job
 

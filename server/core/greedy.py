@@ -1,7 +1,7 @@
 """The greedy lane: plain greedy rows chosen in one argmax pass where the logits are, host or device.
 
 Measured problems, one per place the logits can be:
-  * on the host, the full chooser (server/core/choose.py) makes several passes over the logits and builds
+  * on the host, the full chooser (server/core/chooser.py) makes several passes over the logits and builds
     per-row controls even when every row is plain greedy, the common step (python -m
     benchmarks.engine_overhead, with this lane and the engine thread's batched histograms, one commit:
     Python per step 0.32-0.34 -> 0.17 ms at 1 row, 1.02-1.09 -> 0.79-0.80 at 32; docs/serving_speed.md);
@@ -29,7 +29,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from models.core.device_arrays import array_module, to_host
-from server.core.choose import GREEDY, Choices, RowControls
+from server.core.chooser import GREEDY, Choices, RowControls
 
 
 def plain(c: RowControls) -> bool:

@@ -37,7 +37,7 @@ class DecodingParams:
     seed: Optional[int] = None
     max_output_tokens: int = 0  # 0 = model limit
     num_hypotheses: int = 1
-    # Decoding controls (server/core/choose.py applies them where the token is chosen)
+    # Decoding controls (server/core/chooser.py applies them where the token is chosen)
     repetition_penalty: float = 1.0  # 1 = off
     no_repeat_ngram_size: int = 0  # 0 = off
     min_output_tokens: int = 0  # EOS banned before this many output tokens

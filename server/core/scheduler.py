@@ -9,7 +9,7 @@ Each engine-loop iteration is  schedule() -> engine work -> update():
     step over every running row (old and new together: continuous batching).
   * controls() says what each running row needs this step (greedy, sampling with
     the row's draw, a forced token, a beam width); the engine chooses the tokens
-    (server/core/choose.py) and returns plain arrays.
+    (server/core/chooser.py) and returns plain arrays.
   * update() applies them (server/core/update.py): beam steps, streamed tokens,
     finished rows and jobs, freed slots. The scheduler never sees logits.
 """
@@ -27,8 +27,8 @@ from models.core.beam import BeamState
 from models.core.kv_cache import Row, SlotCache
 from server.core.errors import Cancelled, DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable
 from server.core.request import EmbedJob, GenerationRules, Job
-from server.core.choose import RowControls, make_rng
-from server.core.controls import step_controls
+from server.core.chooser import RowControls, make_rng
+from server.core.row_controls import step_controls
 from server.core.runaway import RunawayGuard
 from server.core.terms import Progress, TermSet, term_set
 from server.core.update import StepUpdates
@@ -79,7 +79,7 @@ class Running:
 @dataclass
 class Scheduled:
     """What one schedule() admitted: jobs to encode into fresh slots, and embedding jobs. (Not a document's
-    split: that is server/documents/plan.py's Plan.)"""
+    split: that is server/texts/plan.py's Plan.)"""
     encode: list[Job] = field(default_factory=list)
     embed: list[EmbedJob] = field(default_factory=list)
 
@@ -225,7 +225,7 @@ class Scheduler(StepUpdates):  # the update phase: server/core/update.py
         self._show_occupancy()
 
     def controls(self) -> Optional[RowControls]:
-        """What the engine must do for each running row this step (server/core/controls.py). No logits here.
+        """What the engine must do for each running row this step (server/core/row_controls.py). No logits here.
         None when every running request is plain greedy (`Running.plain`: RowControls.greedy's defaults for
         each row), the engine's greedy lane (server/core/greedy.py)."""
         if all(state.plain for state in self.running):

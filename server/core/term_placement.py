@@ -6,7 +6,7 @@ dehors moitié."). Every such term is a word in the wrong place; on the test spl
 greedy 0.33 BLEU against no glossary, where the terms are the reference's own words.
 
 The design: while a term is pending, each step also reports the model's log-probability of the term's
-first token before its bonus (server/core/choose.py `Choices.boost_logp`), and the scheduler keeps it
+first token before its bonus (server/core/chooser.py `Choices.boost_logp`), and the scheduler keeps it
 per output position. When the row chooses to end with the term pending, it goes back to the word
 boundary where that log-probability was highest (`best_place`), writes the term there and decodes on
 from it with the model's own choices: the slot's cache already holds every earlier position, so going

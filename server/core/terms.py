@@ -7,7 +7,7 @@ punctuation merged into its last token (the shipped German tokenizer writes "Str
 token); the other forms are the sentence-initial variant (first letter upper-cased) and the
 term glued to what precedes it ("T-shirt", "d'hommes": its first piece without the word mark).
 Each decode row keeps a `Progress`: the constraints still pending, the spelling being written
-and how far, and the row's text so far. Per step (server/core/controls.py reads it, the
+and how far, and the row's text so far. Per step (server/core/row_controls.py reads it, the
 scheduler advances it with the chosen token):
 
   * the model chooses freely; when its token is the first token of a pending term's spelling,
@@ -16,7 +16,7 @@ scheduler advances it with the chosen token):
   * a term is written as soon as the row's text shows one of its forms as whole words, however
     the model spelled it (so a term the model writes in its own way is never written twice);
   * while terms are pending, the first tokens of the spellings as written get a bonus on the
-    row's scores (RowControls.boost / boost_value, server/core/choose.py), so the model starts a
+    row's scores (RowControls.boost / boost_value, server/core/chooser.py), so the model starts a
     term where it is already plausible rather than never;
   * a greedy or sampling row that chooses to end its sentence (end-of-sequence, or a token that
     is only closing punctuation: "." "?" "!") with terms still pending writes the pending terms

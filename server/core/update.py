@@ -17,7 +17,7 @@ import numpy as np
 from models.core.kv_cache import Row
 from server.core.errors import Internal
 from server.core.request import FinishEvent, FinishReason, Hypothesis, Job, TokenEvent
-from server.core.choose import Choices
+from server.core.chooser import Choices
 from server.core import term_placement as placement
 from server.core.terms import SETTINGS as TERMS, end_candidates
 

@@ -40,7 +40,7 @@ class ModelEngine:
         from models.core.kv_cache import SlotCache
         from models.core.heap import keep_freed_memory
         from models.core.runtime import OnnxModel, RuntimeOptions
-        from server.core.choose import TokenChooser
+        from server.core.chooser import TokenChooser
         from server.core.engine import Engine
         from server.core.loop import EngineLoop
         from server.core.runaway import RunawayGuard

@@ -13,7 +13,7 @@ from typing import Optional
 from protos.nmt.v1 import translator_pb2 as pb
 from server.core.errors import InvalidArgument
 from server.core.request import DecodingParams
-from server.documents.plan import MIME_PLAIN, SPLIT_NEWLINES, SPLIT_OFF, SPLIT_ON, DocumentOptions
+from server.texts.plan import MIME_PLAIN, SPLIT_NEWLINES, SPLIT_OFF, SPLIT_ON, DocumentOptions
 from server.frontend.admission import TranslateCall
 
 SPLIT = {pb.SPLIT_SENTENCES_UNSPECIFIED: SPLIT_ON, pb.SPLIT_SENTENCES_ON: SPLIT_ON,

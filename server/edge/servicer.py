@@ -18,9 +18,9 @@ import numpy as np
 
 from protos.nmt.v1 import translator_pb2 as pb
 from protos.nmt.v1 import translator_pb2_grpc as pb_grpc
-from server.documents.assemble import DocumentResult, DocumentStream, assemble
+from server.texts.assemble import TextResult, TextStream, assemble
 from server.files.rpc import caller_of
-from server.glossary.use import hits as glossary_hits
+from server.glossary.per_call import hits as glossary_hits
 from server.core.errors import InvalidArgument, ResourceExhausted, ServiceError, Unavailable, bounded
 from server.frontend.admission import Admission
 from server.frontend.hosted import HostedModel
@@ -251,7 +251,7 @@ class TranslatorService(pb_grpc.TranslatorServicer):
             field.add(source=source, target=target, occurrences=occurrences, applied=applied)
 
     @staticmethod
-    def _add_translation(out: pb.TranslateResponse, model: HostedModel, doc: DocumentResult,
+    def _add_translation(out: pb.TranslateResponse, model: HostedModel, doc: TextResult,
                          request: pb.TranslateRequest) -> None:
         t = out.translations.add(finish_reason=FINISH[doc.reason], input_tokens=doc.input_tokens,
                                  output_tokens=doc.output_tokens, timings=timings(doc.timing),
@@ -292,7 +292,7 @@ class TranslatorService(pb_grpc.TranslatorServicer):
             inbox.close()
             raise
         model, jobs, (plan,) = admitted.model, admitted.jobs, admitted.plans
-        doc = DocumentStream(plan, model.tok)
+        doc = TextStream(plan, model.tok)
         try:
             unsent: list[int] = []  # released, but no visible text yet: rides along with the next message
             delta = doc.ready()  # the layout before the first sentence (all of it when nothing needs decoding)

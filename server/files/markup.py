@@ -4,7 +4,7 @@ A paragraph of a document becomes one segment of HTML-like markup: its text esca
 whose formatting differs from the paragraph's usual one wrapped in `<gN>…</gN>`, and each piece
 that is not text (an image, a tab, a field, a bookmark, a footnote reference) standing as an
 empty `<xN/>`. The segment is translated as text/html: the server's markup planner
-(server/documents/html.py) treats unknown elements as inline, so each sentence is translated
+(server/texts/html.py) treats unknown elements as inline, so each sentence is translated
 without them and every tag comes back exactly once, in order, well nested, at the same relative
 word position (docs/documents.md). `parse` reads the translation back into a tree of text, groups
 and atoms, from which each format puts its runs back together.

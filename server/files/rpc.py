@@ -29,7 +29,6 @@ from typing import AsyncIterator, Optional
 from protos.nmt.v1 import translator_pb2 as pb
 from server.core.errors import InvalidArgument, ResourceExhausted, ServiceError, shown
 from server.files import LIMITS, FileError
-from server.files.detect import document_source
 from server.files.jobs import Full, Job, JobFailed, Jobs
 from server.edge.gateway import Caller, CallFailed, Gateway
 from server.observability import calls
@@ -216,7 +215,7 @@ class FileCalls:
         """The served source language the document is in (as the HTTP port decides it); refused when the
         document reads as the target language already."""
         try:
-            return await document_source(self.admission, job.target, sample, "send source_language")
+            return await self.admission.document_source(job.target, sample, "send source_language")
         except ServiceError as e:
             self._failed(job, e.code, str(e))
             raise JobFailed(str(e)) from None

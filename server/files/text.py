@@ -2,15 +2,15 @@
 
 A text file is cut into pieces of whole lines (at most `PIECE_CHARS` characters and `PIECE_LINES`
 lines each: within what one Translate call may carry) and translated as plain text: the server
-keeps every newline, indentation and the spacing between sentences (server/documents/segment.py).
+keeps every newline, indentation and the spacing between sentences (server/texts/segment.py).
 An HTML file is cut into pieces just before block elements (never inside a script, style, pre or
 translate="no" element) and translated as text/html: tags, attributes, comments and entities come
-back byte for byte, inline elements travel with their sentence (server/documents/html.py). The
+back byte for byte, inline elements travel with their sentence (server/texts/html.py). The
 file's encoding (UTF-8, with its byte order mark if it had one, or UTF-16) is kept.
 """
 from __future__ import annotations
 
-from server.documents.html import _BLOCK, _MARKUP, _NEVER, _NO_TRANSLATE, _tag
+from server.texts.html import BLOCK_TAGS, MARKUP, NEVER_TRANSLATED, NO_TRANSLATE, tag_of
 from server.files import Document
 from server.files.checks import Limits, decode_text
 
@@ -63,16 +63,16 @@ def cut_html(text: str, limit: int = HTML_PIECE_CHARS) -> list[str]:
     element's tag (or a comment or doctype) outside any element whose content is kept verbatim. A
     piece with no such place inside stays whole (and may be refused as too long)."""
     cuts, skip = [], []  # skip: open elements whose content is not translated (innermost last)
-    for m in _MARKUP.finditer(text):
+    for m in MARKUP.finditer(text):
         token = m.group(0)
-        name, closing, void = _tag(token)
+        name, closing, void = tag_of(token)
         if skip:
             if name == skip[-1] and not void:
                 skip.pop() if closing else skip.append(name)
             continue
-        if name is None or name in _BLOCK:
+        if name is None or name in BLOCK_TAGS:
             cuts.append(m.start())
-        if not closing and not void and name is not None and (name in _NEVER or _NO_TRANSLATE.search(token)):
+        if not closing and not void and name is not None and (name in NEVER_TRANSLATED or NO_TRANSLATE.search(token)):
             skip.append(name)
     pieces, start, last = [], 0, 0
     for cut in cuts + [len(text)]:

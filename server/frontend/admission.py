@@ -1,4 +1,4 @@
-"""Admission: a plain request in, every check, the documents split and tokenised, the jobs queued.
+"""Admission: a plain request in, every check, the texts split and tokenised, the jobs queued.
 
 The edges (the gRPC servicer, and through it the HTTP APIs) turn their wire formats into a
 `TranslateCall` or an `EmbedCall` and make one call here. Admission owns every request check,
@@ -27,9 +27,9 @@ from functools import partial
 from typing import Callable, Optional
 
 from models.core.tokenizer import normalize
-from server.documents.plan import DocumentOptions, Plan
+from server.texts.plan import DocumentOptions, Plan
 from server.core.errors import InvalidArgument, NotFound, ServiceError, shown
-from server.glossary import use as glossary
+from server.glossary import per_call as glossary
 from server.frontend.hosted import HostedModel
 from server.frontend.language_id import Detection, LanguageIdentifier, route
 from server.observability import calls
@@ -159,6 +159,40 @@ class Admission:
         language = self.source_of(found, target_language)
         return self.model("", language, target_language), language, found
 
+    # -- languages for the edges that detect per text or per file (DeepL, LibreTranslate, file APIs) ---------
+    async def detect(self, texts: list[str], html: bool = False) -> list[Detection]:
+        """Each text's language ranking, off the event loop (up to 64 texts of up to --max-text-chars)."""
+        return await self.off_loop(lambda: [self.identifier.detect(t, html) for t in texts])
+
+    async def sources_of(self, texts: list[str], target_language: str, html: bool = False
+                         ) -> list[tuple[str, float]]:
+        """Each text's served source language and its detection confidence: texts of one DeepL or
+        LibreTranslate request may be in different languages, and each group then goes as one call naming
+        its language (so nothing is detected twice). A blank text goes with the first served source.
+        INVALID_ARGUMENT when a text is confidently in a language nobody serves."""
+        served = self.sources(target_language)
+        out = []
+        for i, found in enumerate(await self.detect(texts, html)):
+            language = served[0] if served and not texts[i].strip() else \
+                self.source_of(found, target_language, f"text {i}")
+            out.append((language, dict(found.ranked).get(language, 0.0)))
+        return out
+
+    async def document_source(self, target_language: str, sample: str, hint: str) -> str:
+        """A document file's source language when the uploader named none, the same rule for every file API:
+        ranked on a sample of its text; refused when it reads as the target much more (twice the score)
+        than as any served source, rather than "translated" into itself (`hint` says how to insist)."""
+        served = self.sources(target_language)
+        if not sample.strip():  # nothing to read: the first served source (the file's text is blank anyway)
+            return served[0] if served else ""
+        (found,) = await self.detect([sample])
+        ranked = dict(found.ranked)
+        best = max((ranked.get(s, 0.0) for s in served), default=0.0)
+        if ranked.get(target_language, 0.0) > 2 * best:
+            raise InvalidArgument(f"Source and target language are the same: the document reads as "
+                                  f"{target_language.upper()!r} already ({hint} to translate it anyway)")
+        return self.source_of(found, target_language, "the document")
+
     def model_name_for(self, name: str, source_language: str = "", target_language: str = "", texts=()) -> str:
         """The model a request would run on, for API-key permissions (server/security/auth.py): the
         default model when it names none; the name as sent when none resolves (the call then fails)."""
@@ -251,6 +285,14 @@ class Admission:
         await model.submit(jobs)
         return model, jobs
 
+    def usage_of(self, key_id: str) -> tuple[int, int]:
+        """(characters charged to the key so far, its quota; 0: none)."""
+        return self.usage.report(key_id, self.quota_of(key_id))
+
+    def most_hypotheses(self) -> int:
+        """Hypotheses one request may ask for on every loaded model (--max-hypotheses)."""
+        return min(m.cfg.max_hypotheses for m in self.models.values())
+
     def _charge(self, texts: list[str]) -> None:
         """The caller's key pays the texts' characters (DeepL's billing unit), or its quota refuses them."""
         key_id = calls.caller_key_id()
@@ -260,6 +302,10 @@ class Admission:
         """Admission work for a request of `chars` characters: on the loop when small, else off it."""
         if chars <= INLINE_CHARS:
             return fn(*args)
-        # In the call's context: log lines written there carry its request id, and calls.note reaches it.
+        return await self.off_loop(fn, *args)
+
+    async def off_loop(self, fn, *args):
+        """fn(*args) on the frontend's worker threads, in the call's context (log lines written there carry
+        its request id, and calls.note reaches it): work that could hold the event loop for milliseconds."""
         run = partial(contextvars.copy_context().run, fn, *args)
         return await asyncio.get_running_loop().run_in_executor(self.executor, run)

@@ -14,9 +14,9 @@ from models.core.bundle import Bundle
 from models.core.config import max_output_len
 from server.config import ServerConfig
 from server.coreprocess.model_engine import ModelEngine, limits
-from server.documents.html import plan_html
-from server.documents.plan import MIME_HTML, DocumentOptions, Plan
-from server.documents.segment import plan_text
+from server.texts.html import plan_html
+from server.texts.plan import MIME_HTML, DocumentOptions, Plan
+from server.texts.segment import plan_text
 from server.core.errors import InvalidArgument, shown
 from server.observability.metrics import Metrics
 from server.core.request import DecodingParams, EmbedJob, Event, Job
@@ -67,10 +67,6 @@ class HostedModel:
         here = self.here = ModelEngine(bundle, cfg, metrics, self.pieces, prepare)
         self.link = here  # requests queue into it as into a core's link
         self.provider, self.variant, self.capacity = here.provider, here.variant, here.capacity
-        self.runtime, self.cache, self.scheduler, self.engine, self.loop = \
-            here.runtime, here.cache, here.scheduler, here.engine, here.loop
-        self.start, self.stop, self.warmup, self.warm_buckets = here.start, here.stop, here.warmup, here.warm_buckets
-        self.run_probes, self.engine_problem = here.run_probes, here.engine_problem
 
     # -- languages -----------------------------------------------------------------------
     def serves(self, source: str, target: str) -> bool:
@@ -99,7 +95,7 @@ class HostedModel:
 
     # -- requests ------------------------------------------------------------------
     def plan(self, texts: list[str], options: DocumentOptions, languages: tuple[str, str] = ("", "")) -> list[Plan]:
-        """Each text split into the sentences to decode, with its layout kept (server/documents/)."""
+        """Each text split into the sentences to decode, with its layout kept (server/texts/)."""
         prefix, _ = self.language_tokens(*languages)
         budget = self.max_source - len(prefix)
 

@@ -204,7 +204,7 @@ class TranslationServer:
         for bundle in discover(self.cfg.model_repository):
             t0 = time.perf_counter()
             model = HostedModel(bundle, self.cfg, self.metrics)
-            await loop.run_in_executor(None, model.start)  # warm-up blocks; keep the event loop free
+            await loop.run_in_executor(None, model.here.start)  # warm-up blocks; keep the event loop free
             self.models[bundle.name] = model
             self._loaded(model, time.perf_counter() - t0)
 
@@ -259,7 +259,7 @@ class TranslationServer:
     # -- watchdog -----------------------------------------------------------------------
     def _engine_problem(self, now: float) -> Optional[str]:
         for model in self.models.values():
-            problem = model.engine_problem(now, self.cfg.watchdog_s)
+            problem = model.here.engine_problem(now, self.cfg.watchdog_s)
             if problem:
                 return problem
         return None
@@ -277,7 +277,7 @@ class TranslationServer:
                 log.error("watchdog: %s; failing all requests and shutting down", problem)
                 error = Unavailable(f"the server's engine failed ({problem}); retry on another replica")
                 for model in self.models.values():
-                    model.scheduler.fail_everything(error)
+                    model.here.scheduler.fail_everything(error)
                 await self.health.enter_graceful_shutdown()  # liveness too: this replica is broken
                 await self.stop(grace=0.0, lame_duck=0.0)
                 return
@@ -319,7 +319,7 @@ class TranslationServer:
             if others is not None:
                 await others
         else:
-            await asyncio.gather(*(loop.run_in_executor(None, m.stop, grace) for m in self.models.values()))
+            await asyncio.gather(*(loop.run_in_executor(None, m.here.stop, grace) for m in self.models.values()))
         await self.server.stop(1.0)
         if self.http is not None:
             await self.http.stop()
@@ -341,7 +341,7 @@ class TranslationServer:
         """Texts queued or decoding, all models together."""
         if self.core is not None:
             return sum(len(m.link.jobs) for m in self.core.members)
-        return sum(len(m.scheduler.waiting) + len(m.scheduler.running) for m in self.models.values())
+        return sum(len(m.here.scheduler.waiting) + len(m.here.scheduler.running) for m in self.models.values())
 
     async def wait(self) -> None:
         await self.server.wait_for_termination()

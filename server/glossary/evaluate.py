@@ -133,10 +133,10 @@ class Decoder:
             for i, (job, entries) in enumerate(zip(jobs, glossaries)):
                 if entries:
                     (job.terms,), _ = terms_for([texts[i]], Matcher(entries), model.tok, model.bundle.spec.unk_id)
-        model.scheduler.submit(jobs)
+        model.here.scheduler.submit(jobs)
         t0 = time.perf_counter()
         while len(results) < len(texts):
-            model.loop.iteration(time.monotonic())
+            model.here.loop.iteration(time.monotonic())
         seconds = time.perf_counter() - t0
         ids = [results[i] for i in range(len(texts))]
         return [model.tok.decode(t) for t in ids], ids, seconds
@@ -144,7 +144,7 @@ class Decoder:
 
 def placeholder_inputs(sentences, glossaries):
     """Each source term replaced by {gK}; returns (clean text, restore) per sentence."""
-    from server.documents.placeholders import protect
+    from server.texts.placeholders import protect
     from server.glossary.matching import Matcher
     out = []
     for text, entries in zip(sentences, glossaries):

@@ -81,7 +81,7 @@ def test_the_engine_chooses_greedy_tokens_on_the_device(bundle):
     step. (fp16 takes the same choice code; tests/unit/test_greedy.py checks it on fp16 logits.)"""
     from models.core.device_arrays import device_arrays_available
     from models.core.kv_cache import SlotCache
-    from server.core.choose import RowControls, TokenChooser
+    from server.core.chooser import RowControls, TokenChooser
     from server.core.engine import Engine
     from server.observability.metrics import Metrics
     if not device_arrays_available():
@@ -113,7 +113,7 @@ def test_cuda_graphs_replay_the_step_with_the_cpu_tokens_as_rows_come_and_go(bun
     the bucket decoded too) gives the CPU engine's greedy tokens while rows join, finish and move slots."""
     from models.core.device_arrays import device_arrays_available
     from models.core.kv_cache import SlotCache
-    from server.core.choose import RowControls, TokenChooser
+    from server.core.chooser import RowControls, TokenChooser
     from server.core.engine import Engine
     from server.observability.metrics import Metrics
     if not device_arrays_available():

@@ -28,7 +28,7 @@ def rss():
 
 cfg = ServerConfig(model_repository="model_repository")
 model = HostedModel(next(b for b in discover(cfg.model_repository) if b.name == "multi30k-en-de-small"), cfg, Metrics())
-model.start()
+model.here.start()
 time.sleep(0.5)
 base = rss()
 with open("../shared/data/multi30k/test_2016_flickr.en", encoding="utf-8") as f:
@@ -38,7 +38,7 @@ done = threading.Semaphore(0)
 def sink(event):
     if isinstance(event, (FinishEvent, ErrorEvent)):
         done.release()
-model.scheduler.submit(model.jobs(texts, DecodingParams(max_output_tokens=8), sink, None))
+model.here.scheduler.submit(model.jobs(texts, DecodingParams(max_output_tokens=8), sink, None))
 for _ in texts:
     done.acquire()
 peak = rss()

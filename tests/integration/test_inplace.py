@@ -19,7 +19,7 @@ from models.core.inplace_step import InPlaceStep, buckets
 from models.core.kv_cache import SlotCache
 from models.core.runtime import OnnxModel, RuntimeOptions
 from models.core.static_decode import pad_batch
-from server.core.choose import TokenChooser
+from server.core.chooser import TokenChooser
 from server.core.engine import Engine
 from server.observability.metrics import Metrics
 
@@ -220,7 +220,7 @@ def test_warm_buckets_runs_the_step_at_every_bucket_before_traffic(bundle):
     # the shared thread pool, as the other tests of this process made it (a pool is per process)
     cfg = ServerConfig(model_repository=str(REPOSITORY), provider="cpu", max_batch_size=SLOTS, warmup=False,
                        ort_spinning="true")
-    model = HostedModel(bundle, cfg, Metrics())
+    model = HostedModel(bundle, cfg, Metrics()).here  # its engine: the ModelEngine built in this process
     step = model.engine.inplace = InPlaceStep(model.runtime.inplace, model.cache, bundle.spec.out_vocab_size,
                                               bucketed=True)
     model.start()

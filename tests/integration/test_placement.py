@@ -16,14 +16,14 @@ BUNDLE = newest_version(REPOSITORY / "multi30k-en-de-small")
 
 @pytest.fixture
 def hosted(request):
-    """A HostedModel of the shipped en-de model with its engine loop running, `request.param` slots."""
+    """The engine (ModelEngine) of a HostedModel of the shipped en-de model, its loop running, `request.param` slots."""
     # the shared thread pool, as the other tests of this process made it (ONNX Runtime has one per process)
     cfg = ServerConfig(model_repository=str(REPOSITORY), provider="cpu", max_batch_size=request.param,
                        warmup=False, runaway_guard=False, ort_spinning="true")
     model = HostedModel(load_bundle(BUNDLE), cfg, Metrics())
-    model.start()
-    yield model
-    model.stop(5)
+    model.here.start()
+    yield model.here
+    model.here.stop(5)
 
 
 @pytest.mark.parametrize("hosted", [4], indirect=True)

@@ -127,7 +127,7 @@ assert cfg.spinning is False, cfg.ort_spinning
 threads = lambda: len(os.listdir("/proc/self/task"))  # noqa: E731
 before = threads()
 model = HostedModel(discover("model_repository")[0], cfg, Metrics())
-opts = model.runtime.opts
+opts = model.here.runtime.opts
 assert (opts.shared_pool, opts.allow_spinning) == (False, False)
 # Two sessions (encoder, in-place step), a one-worker pool each: two threads, not the shared pool's one.
 assert threads() - before == 2, threads() - before

@@ -17,7 +17,7 @@ import pytest
 from libretranslatepy import LibreTranslateAPI
 
 from server.security import keys
-from tests.serving import ServerThread
+from tests.serving import ServerThread, key_file
 
 KEY = "nmt_weblate_key"  # a key without a character quota
 GERMAN = "Zwei junge weiße Männer sind im Freien in der Nähe vieler Büsche."
@@ -28,9 +28,7 @@ deepl.http_client.max_network_retries = 0
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
-    path = tmp_path_factory.mktemp("keys") / "keys.txt"
-    path.write_text(keys.file_line("weblate", KEY) + "\n")
-    s = ServerThread(api_keys_file=str(path)).start()
+    s = ServerThread(api_keys_file=key_file(tmp_path_factory.mktemp("keys"), keys.file_line("weblate", KEY))).start()
     yield s
     s.stop()
 

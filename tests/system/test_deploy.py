@@ -86,13 +86,13 @@ def loaded_packages(code: str, packages: tuple[str, ...]) -> list[str]:
 def test_engine_core_imports_no_grpc_or_protobuf():
     """The engine core (request, scheduler, loop, engine, token choice, hosted model) is plain Python
     and numpy: errors are plain kinds that the service edge maps to status codes."""
-    assert loaded_packages("import server.core.scheduler, server.core.controls, server.core.loop, server.core.engine, "
-                           "server.core.choose, server.core.request, server.frontend.hosted, server.core.errors",
+    assert loaded_packages("import server.core.scheduler, server.core.row_controls, server.core.loop, server.core.engine, "
+                           "server.core.chooser, server.core.request, server.frontend.hosted, server.core.errors",
                            ("grpc", "google")) == []
     # The engine core process each replica runs: its wire is msgspec over zmq, so grpc (~10 MB resident
     # with its TLS library, in every replica) has no business there either.
     assert loaded_packages("import server.coreprocess.__main__\n" + LOAD_MODEL +
-                           "HostedModel(next(iter(discover(cfg.model_repository))), cfg, Metrics()).start()",
+                           "HostedModel(next(iter(discover(cfg.model_repository))), cfg, Metrics()).here.start()",
                            ("grpc", "google", "starlette")) == []
 
 

@@ -22,6 +22,7 @@ import pytest
 
 from benchmarks.soak import hostile_files
 from client.__main__ import main as client_main
+from tests.serving import key_file
 
 deepl.http_client.max_network_retries = 0
 CAPTIONS = ["A man is riding a bike down the street.", "Two dogs play in the snow.",
@@ -528,9 +529,8 @@ def test_jobs_bounds_expiry_and_failures(monkeypatch):
 
 def test_keys_own_their_documents(start_server, tmp_path):
     from server.security import keys
-    path = tmp_path / "keys.txt"
-    path.write_text(keys.file_line("alice", "alice-key") + "\n" + keys.file_line("bob", "bob-key") + "\n")
-    keyed = start_server(api_keys_file=str(path))
+    keyed = start_server(api_keys_file=key_file(tmp_path, keys.file_line("alice", "alice-key"),
+                                                keys.file_line("bob", "bob-key")))
     upload = dict(data={"target_lang": "DE"}, files={"file": ("a.txt", CAPTIONS[1].encode())}, timeout=60)
     assert httpx.post(f"{keyed.http}/v2/document", **upload).status_code == 403  # no key
     assert httpx.post(f"{keyed.http}/v2/document", headers={"Authorization": "DeepL-Auth-Key nope"},

@@ -21,7 +21,7 @@ from protos.nmt.v1 import translator_pb2 as pb
 from protos.nmt.v1 import translator_pb2_grpc as pb_grpc
 from server.glossary import store as glossary_store
 from server.security import keys
-from tests.serving import ServerThread
+from tests.serving import ServerThread, key_file
 
 KEYS = {"alice": "nmt_alice_glossaries", "bob": "nmt_bob_glossaries"}
 SENTENCE = "A man is riding a bike down the street."
@@ -55,9 +55,8 @@ def client(srv):
 
 @pytest.fixture(scope="module")
 def keyed(database, tmp_path_factory):
-    path = tmp_path_factory.mktemp("keys") / "keys.txt"
-    path.write_text("\n".join(keys.file_line(k, v) for k, v in KEYS.items()) + "\n")
-    s = ServerThread(api_keys_file=str(path), engine_core="thread").start()
+    path = key_file(tmp_path_factory.mktemp("keys"), *(keys.file_line(k, v) for k, v in KEYS.items()))
+    s = ServerThread(api_keys_file=path, engine_core="thread").start()
     yield s
     s.stop()
 

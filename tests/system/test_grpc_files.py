@@ -19,7 +19,7 @@ import zlib
 import grpc
 import httpx
 import pytest
-from tests.serving import EngineGate, wait_for
+from tests.serving import EngineGate, key_file, wait_for
 from tests.system.test_document_files import CAPTIONS, _cases, _docx, _docx_shape, changed
 
 from client import TranslatorClient
@@ -273,11 +273,9 @@ def test_a_deadline_ends_the_call_and_its_job(srv, client):
 # -- keys: every segment's call is the caller's --------------------------------------------
 def test_the_callers_key_applies_to_every_segment(start_server, tmp_path):
     from server.security import keys
-    path = tmp_path / "keys.txt"
-    path.write_text("\n".join([keys.file_line("alice", "alice-key"),
-                               keys.file_line("thrifty", "thrifty-key", characters=20),
-                               keys.file_line("french", "french-key", models=["multi30k-en-fr-small"])]) + "\n")
-    keyed = start_server(api_keys_file=str(path), http_port=-1)  # files over gRPC with the HTTP port off
+    path = key_file(tmp_path, keys.file_line("alice", "alice-key"), keys.file_line("thrifty", "thrifty-key", characters=20),
+                    keys.file_line("french", "french-key", models=["multi30k-en-fr-small"]))
+    keyed = start_server(api_keys_file=path, http_port=-1)  # files over gRPC with the HTTP port off
     data = CAPTIONS[0].encode()
 
     def call(key, **kwargs):

@@ -171,16 +171,16 @@ def test_work_that_cannot_start_does_not_spin(server):
     """A job that can never be admitted (more rows than slots, slipped past the checks) used to
     make the engine loop spin a whole core; now it sleeps until something changes."""
     model = server.app.models[MODEL]
-    stuck = Job(MODEL, [4, 5, 6], DecodingParams(num_hypotheses=model.cache.capacity + 1, temperature=1.0), 10,
+    stuck = Job(MODEL, [4, 5, 6], DecodingParams(num_hypotheses=model.here.cache.capacity + 1, temperature=1.0), 10,
                 lambda e: None)
-    model.scheduler.submit([stuck])
+    model.here.scheduler.submit([stuck])
     try:
-        t0 = _thread_cpu_seconds(model.loop)
+        t0 = _thread_cpu_seconds(model.here.loop)
         time.sleep(1.0)
-        assert _thread_cpu_seconds(model.loop) - t0 < 0.3  # a spinning loop burns ~1 s here
+        assert _thread_cpu_seconds(model.here.loop) - t0 < 0.3  # a spinning loop burns ~1 s here
     finally:
         stuck.cancel()
-    assert wait_for(lambda: model.scheduler.idle)
+    assert wait_for(lambda: model.here.scheduler.idle)
 
 
 # -- 7, 8. the codes recorded are the codes the client saw ----------------------------------------
@@ -198,8 +198,8 @@ def _expire_while_queued(client, model, method: str) -> tuple[bool, grpc.RpcErro
         result: list = []
         caller = threading.Thread(target=lambda: result.append(call()))
         caller.start()
-        queued = wait_for(lambda: bool(model.scheduler.waiting) or not caller.is_alive())
-        queued = queued and bool(model.scheduler.waiting)
+        queued = wait_for(lambda: bool(model.here.scheduler.waiting) or not caller.is_alive())
+        queued = queued and bool(model.here.scheduler.waiting)
         caller.join(30)
         assert result and not gate.released.is_set()
     return queued, result[0]
@@ -281,7 +281,7 @@ def test_watchdog_fails_requests_and_stops_the_server(failure):
         else:
             def die(now):
                 raise SystemExit("injected engine death")  # not an Exception: the loop thread ends
-            model.loop.iteration = die
+            model.here.loop.iteration = die
         with TranslatorClient(srv.target, timeout=30, retries=0) as c:
             t0 = time.monotonic()
             err = rpc_error(lambda: c.translate(["A dog runs."]))

@@ -14,9 +14,9 @@ from tests.serving import ServerThread, flickr_sentences
 
 from protos.nmt.v1 import translator_pb2 as pb
 from protos.nmt.v1 import translator_pb2_grpc as pb_grpc
-from server.documents.html import plan_html
+from server.texts.html import plan_html
 from models.core.text import blank
-from server.documents.segment import plan_text
+from server.texts.segment import plan_text
 
 SPAN = ("<td nowrap=\"nowrap\"><span class=\"diff_add\">A&nbsp;YOUNG&nbsp;WOMAN&nbsp;AND&nbsp;OLDER&nbsp;WOMAN&nbsp;"
         "WEAR&nbsp;TRADITIONAL&nbsp;SARIS&nbsp;AS&nbsp;THEY&nbsp;SPIN&nbsp;TEXTILES,&nbsp;THREE&nbsp;PEOPLE&nbsp;ARE"

@@ -24,7 +24,7 @@ from libretranslatepy import LibreTranslateAPI
 from client.client import TranslatorClient
 from protos.nmt.v1 import translator_pb2 as pb
 from server.security import keys
-from tests.serving import REPOSITORY, ServerThread, flickr_sentences
+from tests.serving import REPOSITORY, ServerThread, flickr_sentences, key_file
 
 KEYS = {"alice": "nmt_alice_key", "slow": "nmt_slow_key", "thrifty": "nmt_thrifty_key", "fr-only": "nmt_fr_only"}
 FRENCH = "Deux jeunes hommes blancs sont dehors près de buissons."
@@ -40,12 +40,10 @@ def srv(shipped_server):
 
 @pytest.fixture(scope="module")
 def keyed(tmp_path_factory):
-    path = tmp_path_factory.mktemp("keys") / "keys.txt"
-    lines = [keys.file_line("alice", KEYS["alice"]), keys.file_line("slow", KEYS["slow"], rpm=1),
-             keys.file_line("thrifty", KEYS["thrifty"], characters=40),
-             keys.file_line("fr-only", KEYS["fr-only"], ["multi30k-en-fr-small"])]
-    path.write_text("\n".join(lines) + "\n")
-    s = ServerThread(api_keys_file=str(path)).start()
+    path = key_file(tmp_path_factory.mktemp("keys"), keys.file_line("alice", KEYS["alice"]),
+                    keys.file_line("slow", KEYS["slow"], rpm=1), keys.file_line("thrifty", KEYS["thrifty"], characters=40),
+                    keys.file_line("fr-only", KEYS["fr-only"], ["multi30k-en-fr-small"]))
+    s = ServerThread(api_keys_file=path).start()
     yield s
     s.stop()
 

@@ -63,7 +63,7 @@ def test_extreme_settings_in_the_batch_leave_ordinary_outputs_unchanged(srv):
                 t.start()
             # Everything queued before the engine may take any of it: one admission, one batch.
             texts = len(EXTREME) + len(ordinary)
-            assert wait_for(lambda: len(model.scheduler.waiting) == texts or errors, timeout=60), errors
+            assert wait_for(lambda: len(model.here.scheduler.waiting) == texts or errors, timeout=60), errors
             gate.open()
             for t in callers:
                 t.join(120)

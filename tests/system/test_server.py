@@ -81,7 +81,7 @@ def test_batched_equals_one_at_a_time(server, client, beam):
     model = server.app.models["multi30k-en-de-small"]
     request_of = {tuple(model.tok.encode(t)): i // 25 for i, t in enumerate(texts)}
     steps: list[set] = []
-    record = lambda: steps.append({request_of[tuple(st.job.src_ids)] for st in model.scheduler.running})  # noqa: E731
+    record = lambda: steps.append({request_of[tuple(st.job.src_ids)] for st in model.here.scheduler.running})  # noqa: E731
     with EngineGate(model, after=record) as gate, cf.ThreadPoolExecutor(8) as pool:
         futures = [pool.submit(client.translate, texts[i:i + 25], beam_size=beam, return_tokens=True,
                                return_scores=True) for i in range(0, 200, 25)]
@@ -143,7 +143,7 @@ def test_stream_interval_sends_chunks_that_still_add_up(start_server):
             done.set()
     text = flickr_sentences(8)[2]
     (job,) = model.jobs([text], DecodingParams(), sink, None, stream=True)
-    model.scheduler.submit([job])
+    model.here.scheduler.submit([job])
     assert done.wait(30)
     chunks = [len(e.token_ids) for e in events[:-1]]
     n = len(events[-1].hypotheses[0].tokens)
@@ -311,10 +311,10 @@ def test_the_engine_drops_expired_work_itself(unguarded):
     with EngineGate(model, let_through=1) as gate:
         deadline = time.monotonic() + 0.3
         running = model.jobs(["A dog runs on the beach."], DecodingParams(**LONG), events.append, deadline)
-        model.scheduler.submit(running)
+        model.here.scheduler.submit(running)
         assert wait_for(lambda: gate.held.is_set() and gate.done == 1)
         queued = model.jobs(["A cat."], DecodingParams(), events.append, deadline)
-        model.scheduler.submit(queued)
+        model.here.scheduler.submit(queued)
         time.sleep(max(0.0, deadline - time.monotonic()) + 0.01)  # past the deadline (a time, not a state)
         gate.step()
         ends = [e for e in events if isinstance(e, (ErrorEvent, FinishEvent))]
@@ -335,7 +335,7 @@ def test_cancelled_stream_frees_the_slot_within_a_step(unguarded):
         assert wait_for(lambda: gate.held.is_set())
         assert server.metric("nmt_running_requests") == 1
         stream.cancel()
-        model_saw_cancel = wait_for(lambda: all(st.job.cancelled for st in model.scheduler.running))
+        model_saw_cancel = wait_for(lambda: all(st.job.cancelled for st in model.here.scheduler.running))
         gate.step()  # one step after the cancel reached the server: the slot is free
         assert model_saw_cancel and server.metric("nmt_running_requests") == 0
         assert server.metric("nmt_kv_cache_usage_ratio") == 0
@@ -424,7 +424,7 @@ def test_every_bundle_in_the_repository_is_served(tmp_path, start_server):
 
 
 def test_an_engine_failure_fails_its_batch_and_the_server_recovers(server, client):
-    engine = server.app.models["multi30k-en-de-small"].engine
+    engine = server.app.models["multi30k-en-de-small"].here.engine
     real = engine.decode_step
     calls = []
 

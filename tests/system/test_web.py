@@ -34,7 +34,7 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 from benchmarks.browser import APT_HINT, binaries, color_scheme, start_chromium, viewport
 from server.edge.http.pages import CSP
 from server.security import keys
-from tests.serving import REPOSITORY, ServerThread
+from tests.serving import REPOSITORY, ServerThread, key_file
 
 WAIT_S = 60  # an upper bound for a page to finish what it was asked: conditions are waited for, never slept
 KEY = "nmt_web_page_key"
@@ -514,9 +514,7 @@ def test_the_page_works_over_tls(tmp_path):
 # -- API keys ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def keyed(tmp_path_factory):
-    path = tmp_path_factory.mktemp("keys") / "keys.txt"
-    path.write_text(keys.file_line("web", KEY) + "\n")
-    s = ServerThread(api_keys_file=str(path)).start()
+    s = ServerThread(api_keys_file=key_file(tmp_path_factory.mktemp("keys"), keys.file_line("web", KEY))).start()
     yield s
     s.stop()
 

@@ -2,7 +2,7 @@
 
 An outside soak found that a `temperature` of 1e-45, which admission accepts, made the sampler raise
 (every token's tempered mass underflowed to zero and the fallback found no token), and the engine
-then failed every request in the batch. These tests hold server/core/choose.py to its stated rules
+then failed every request in the batch. These tests hold server/core/chooser.py to its stated rules
 over the whole accepted range of every setting and adversarial scores (NaN, +-inf, every token
 banned), with hypothesis drawing the cases:
 
@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from server.core.choose import BEAM, GREEDY, SAMPLE, RowControls, TokenChooser
+from server.core.chooser import BEAM, GREEDY, SAMPLE, RowControls, TokenChooser
 from server.core.errors import Internal
 from server.core.greedy import choose_greedy
 from server.core.request import FinishEvent
@@ -189,7 +189,7 @@ def test_rows_with_no_token_left_end_with_eos():
 
 def test_a_choice_that_raises_for_one_row_fails_that_row_alone(monkeypatch):
     """Containment when choice itself has a bug: every row is chosen alone, the guilty one fails."""
-    import server.core.choose as choose
+    import server.core.chooser as choose
     real = choose.sample
 
     def broken(scores, temperature, *rest):

@@ -18,7 +18,7 @@ import pytest
 
 from models.core.bundle import discover
 from models.core.kv_cache import SlotCache
-from server.core.choose import TokenChooser
+from server.core.chooser import TokenChooser
 from server.core.engine import ENCODE_ROWS, Engine, length_groups
 from server.core.errors import Cancelled, DeadlineExceeded, Internal, InvalidArgument, ResourceExhausted, Unavailable
 from server.core.loop import EngineLoop

@@ -35,7 +35,7 @@ import pytest
 
 from models.core.bundle import ModelSpec
 from models.core.kv_cache import SlotCache, lazy_zeros
-from server.core.choose import TokenChooser
+from server.core.chooser import TokenChooser
 from server.core.engine import Engine
 from server.core.errors import Cancelled, DeadlineExceeded, ResourceExhausted
 from server.core.loop import EngineLoop

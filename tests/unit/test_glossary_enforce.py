@@ -1,5 +1,5 @@
 """Glossary terms in decoding: the per-row bookkeeping (server/core/terms.py), the bonus in token
-choice (server/core/choose.py), and whole jobs through the real scheduler, engine and chooser around
+choice (server/core/chooser.py), and whole jobs through the real scheduler, engine and chooser around
 the scripted runtime of tests/unit/test_engine_core_scripted.py (greedy, beam, sampling; untouched
 rows; batch invariance)."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from server.core.choose import RowControls, TokenChooser
+from server.core.chooser import RowControls, TokenChooser
 from server.core.request import GenerationRules
 from server.core import terms as enforce
 from server.core import term_placement as placement

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from server.core.choose import SAMPLE, RowControls, TokenChooser
+from server.core.chooser import SAMPLE, RowControls, TokenChooser
 from server.core.greedy import choose_greedy, plain
 
 B, V = 48, 300

@@ -22,11 +22,10 @@ without formality (prefer_more/prefer_less fall back silently, as DeepL's do).
 here translate sentence by sentence and cannot read it). `model_type` is answered with
 `model_type_used` as DeepL answers it; one model serves a language pair here, whatever the type.
 With tag_handling=xml, DeepL's tag parameters decide what the markup planner
-(server/documents/html.py) sees: see `XmlTags`.
+(server/texts/html.py) sees: see `XmlTags`.
 """
 from __future__ import annotations
 
-import asyncio
 import re
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -37,7 +36,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from protos.nmt.v1 import translator_pb2 as pb
-from server.documents.html import _MARKUP as MARKUP, _TAG_NAME as TAG_NAME
+from server.texts.html import MARKUP, TAG_NAME
 from server.edge.gateway import CallFailed
 from server.edge.http.body import BadParam, BodyError, Params
 from server.edge.http.context import Edge, http_status, retry_headers, language_name
@@ -124,8 +123,7 @@ class DeepLApi:
         except BadParam as e:
             return self.edge.count(API, "translate", error(400, str(e)))
         if parsed.xml is not None:  # off the event loop: a body may hold megabytes of markup
-            views = await asyncio.get_running_loop().run_in_executor(
-                self.edge.admission.executor, lambda: [parsed.xml.view(t) for t in parsed.ask.texts])
+            views = await self.edge.admission.off_loop(lambda: [parsed.xml.view(t) for t in parsed.ask.texts])
             parsed.ask.texts, parsed.restore = [v for v, _ in views], [r for _, r in views]
         caller = self.edge.caller(request, self._key(request, params))
         try:
@@ -220,7 +218,7 @@ class DeepLApi:
         key_id, refused = self._authorized(request, params)
         if refused is not None:
             return self.edge.count(API, "usage", refused)
-        count, limit = self.edge.admission.usage.report(key_id, self.edge.admission.quota_of(key_id))
+        count, limit = self.edge.admission.usage_of(key_id)
         return self.edge.count(API, "usage", JSONResponse({"character_count": count,
                                                            "character_limit": limit or UNLIMITED}))
 
@@ -243,7 +241,7 @@ class _Element:
 
 
 class XmlTags:
-    """DeepL's XML tag parameters, applied around the markup planner (server/documents/html.py).
+    """DeepL's XML tag parameters, applied around the markup planner (server/texts/html.py).
 
     DeepL documents them so: the content of an element in `ignore_tags` is not translated;
     `splitting_tags` always end a sentence, `non_splitting_tags` never do; with

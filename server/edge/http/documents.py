@@ -34,7 +34,6 @@ from starlette.routing import Route
 from protos.nmt.v1 import translator_pb2 as pb
 from server.core.errors import ServiceError
 from server.files import LIMITS, FileError
-from server.files.detect import document_source
 from server.files.jobs import Full, Job, JobFailed, Jobs
 from server.edge.http import deepl, libre
 from server.edge.http.body import BadParam, BodyError, Params, read_body
@@ -131,7 +130,7 @@ class DocumentsApi:
     async def _detect(self, job: Job, sample: str) -> str:
         """The served source language the document is in; refused when it looks like the target already."""
         try:
-            return await document_source(self.edge.admission, job.target, sample, "name its source language")
+            return await self.edge.admission.document_source(job.target, sample, "name its source language")
         except ServiceError as e:
             raise JobFailed(str(e)) from None
 

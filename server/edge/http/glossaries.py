@@ -30,7 +30,6 @@ runs off the event loop.
 """
 from __future__ import annotations
 
-import asyncio
 from typing import Any, Callable, Optional
 
 from starlette.requests import Request
@@ -125,8 +124,7 @@ class GlossaryApi:
             return self.edge.count(API, operation, error(403, "Authorization failure: " + (
                 "invalid API key" if key else "missing API key: send 'Authorization: DeepL-Auth-Key KEY'")))
         try:
-            result = await asyncio.get_running_loop().run_in_executor(self.edge.admission.executor,
-                                                                      lambda: work(params, tenant))
+            result = await self.edge.admission.off_loop(work, params, tenant)
         except GlossaryError as e:
             return self.edge.count(API, operation, JSONResponse(e.body(), status_code=e.status))
         except BadParam as e:

@@ -24,7 +24,7 @@ from server.files import extensions
 from server.edge.gateway import CallFailed
 from server.edge.http.body import BadParam, BodyError, Params
 from server.edge.http.context import Edge, http_status, retry_headers, language_name
-from server.edge.http.translate import Ask, detect, translate
+from server.edge.http.translate import Ask, translate
 
 API = "libretranslate"
 FRONTEND_TIMEOUT_MS = 500  # LibreTranslate's default: how long its frontend waits after typing before it translates
@@ -94,7 +94,7 @@ class LibreTranslateApi:
         if kind not in ("text", "html"):
             raise BadParam(f"Invalid request: format must be text or html (got {kind!r})")
         # The translation and its alternatives are one request's hypotheses: at most --max-hypotheses together.
-        most = min(m.cfg.max_hypotheses for m in self.edge.admission.models.values()) - 1
+        most = self.edge.admission.most_hypotheses() - 1
         alternatives = params.number("alternatives", 0, 0, most)
         source = "" if source.lower() == "auto" else source.lower()
         return Ask(texts=texts, source=source, target=target.lower(), html=kind == "html",
@@ -121,7 +121,7 @@ class LibreTranslateApi:
             return self.edge.count(API, "detect", error(400, str(e)))
         if self.edge.key_id(params.text("api_key")) is None:
             return self.edge.count(API, "detect", error(403, "Invalid API key"))
-        (found,) = await detect(self.edge, [text], False)
+        (found,) = await self.edge.admission.detect([text])
         body = [{"confidence": round(100 * p, 1), "language": lang} for lang, p in found.ranked[:3] if p > 0.0005]
         return self.edge.count(API, "detect", JSONResponse(body or [{"confidence": 0.0, "language": found.language}]))
 

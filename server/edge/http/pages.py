@@ -3,7 +3,9 @@
 After `make serve` the first thing many people do is open the server's address in a browser;
 LibreTranslate's users, whose API this server speaks, expect a translator there. The pages are
 plain HTML, CSS and JavaScript modules in server/edge/http/web/, read once at start-up and served from
-memory with an ETag. They add no power of their own: every translation, file, glossary and status
+memory with an ETag. The two pages share their frame (web/frame.html: the head, the header with the
+page links, the API-key form), so each page's file holds only its own <main>; the frame's four slots
+are filled here at start-up, once. They add no power of their own: every translation, file, glossary and status
 they show comes from the API's endpoints (/v1/translate:stream, /v1/files, /v3/glossaries,
 /v1/status, ...), called with the key the person typed, behind the same checks as any client.
 The static files themselves carry nothing secret, so they need no key (as LibreTranslate's page).
@@ -18,6 +20,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -45,44 +48,73 @@ class Page:
     etag: str
 
 
-def load(directory: Path = WEB_DIR) -> dict[str, Page]:
-    """Every file of the pages' folder by name; a file of an unknown kind is a packaging error."""
-    pages = {}
+@dataclass(frozen=True)
+class PageSpec:
+    path: str  # where it is served
+    title: str  # the tab's title and the page's heading
+    link: str  # its name in the header's links
+    name: str  # web/<name>.html its <main>, web/<name>.js its script
+
+
+PAGES = (PageSpec("/", "Translate", "Translator", "translator"), PageSpec("/status", "Status", "Status", "status"))
+LINKS = (("/openapi.json", "API"),)  # after the pages in the header
+
+
+def _page(body: bytes, media_type: str) -> Page:
+    return Page(body, media_type, '"' + hashlib.sha256(body).hexdigest()[:20] + '"')
+
+
+def compose(frame: str, spec: PageSpec, main: str) -> str:
+    """A whole page: the shared frame with its title, script, links (this page's marked current) and body."""
+    nav = "\n".join(f'    <a href="{p.path}"' + (' aria-current="page"' if p is spec else "") + f">{p.link}</a>"
+                     for p in PAGES)
+    nav += "".join(f'\n    <a href="{href}">{label}</a>' for href, label in LINKS)
+    return frame.replace("@TITLE@", spec.title).replace("@SCRIPT@", f"{spec.name}.js") \
+        .replace("@NAV@", nav).replace("@BODY@", main)
+
+
+def load(directory: Path = WEB_DIR) -> tuple[dict[str, Page], dict[str, Page]]:
+    """(the pages by path, the assets by file name). The HTML files are parts of pages and no asset of
+    their own; a file of an unknown kind is a packaging error."""
+    assets, parts = {}, {}
     for path in sorted(directory.iterdir()):
-        if path.is_file():
-            body = path.read_bytes()
-            media_type = MEDIA_TYPES.get(path.suffix)
-            if media_type is None:
-                raise RuntimeError(f"{path}: no media type for a {path.suffix!r} file in the web pages")
-            pages[path.name] = Page(body, media_type, '"' + hashlib.sha256(body).hexdigest()[:20] + '"')
-    return pages
+        if not path.is_file():
+            continue
+        if path.suffix == ".html":
+            parts[path.stem] = path.read_text(encoding="utf-8")
+            continue
+        media_type = MEDIA_TYPES.get(path.suffix)
+        if media_type is None:
+            raise RuntimeError(f"{path}: no media type for a {path.suffix!r} file in the web pages")
+        assets[path.name] = _page(path.read_bytes(), media_type)
+    pages = {spec.path: _page(compose(parts["frame"], spec, parts[spec.name]).encode(), MEDIA_TYPES[".html"])
+             for spec in PAGES}
+    return pages, assets
 
 
 class WebPages:
     def __init__(self, edge: Edge):
         self.edge = edge
-        self.pages = load()
+        self.pages, self.assets = load()
 
     def routes(self) -> list[Route]:
-        return [Route("/", self.translator, methods=["GET", "HEAD"]),
-                Route("/status", self.status, methods=["GET", "HEAD"]),
+        return [*(Route(spec.path, self._page(spec.path), methods=["GET", "HEAD"]) for spec in PAGES),
                 Route("/favicon.ico", self.icon, methods=["GET", "HEAD"]),
                 Route("/web/{name}", self.asset, methods=["GET", "HEAD"])]
 
-    async def translator(self, request: Request) -> Response:
-        return self._send(request, "index.html")
-
-    async def status(self, request: Request) -> Response:
-        return self._send(request, "status.html")
+    def _page(self, path: str):
+        async def page(request: Request) -> Response:
+            return self._send(request, self.pages[path], path)
+        return page
 
     async def icon(self, request: Request) -> Response:
-        return self._send(request, "icon.svg")
+        return self._send(request, self.assets.get("icon.svg"), "icon.svg")
 
     async def asset(self, request: Request) -> Response:
-        return self._send(request, request.path_params["name"])
+        name = request.path_params["name"]
+        return self._send(request, self.assets.get(name), name)  # only the folder's own files: no path reaches the disk
 
-    def _send(self, request: Request, name: str) -> Response:
-        page = self.pages.get(name)  # only the folder's own files: no path reaches the file system
+    def _send(self, request: Request, page: Optional[Page], name: str) -> Response:
         if page is None:
             return self.edge.count(API, "asset", error_response(404, "NOT_FOUND", f"no page {name!r}"))
         headers = {**HEADERS, "ETag": page.etag}

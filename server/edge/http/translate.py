@@ -3,9 +3,9 @@ results back in the texts' order.
 
 Both APIs let a caller leave the source language out and report, per text, the language that
 was detected. Texts of one request may be in different languages, so each is identified on its
-own (off the event loop: up to 64 texts) and the texts are grouped by the served language they
-route to (server/frontend/language_id.py); each group is one Translate call through the gateway, the
-groups run concurrently, and the answers are put back in order.
+own and the texts are grouped by the served language they route to (admission's `sources_of`, off the
+event loop: up to 64 texts); each group is one Translate call through the gateway naming its language, so
+admission detects nothing again; the groups run concurrently, and the answers are put back in order.
 """
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from protos.nmt.v1 import translator_pb2 as pb
 from server.edge.gateway import Caller, CallFailed
 from server.edge.http.context import Edge
 from server.core.errors import ServiceError
-from server.frontend.language_id import Detection
 
 
 @dataclass
@@ -42,29 +41,20 @@ class Ask:
     background: bool = False  # PRIORITY_BACKGROUND (a document file's texts)
 
 
-async def detect(edge: Edge, texts: list[str], html: bool) -> list[Detection]:
-    def work() -> list[Detection]:
-        return [edge.admission.identifier.detect(t, html) for t in texts]
-    return await asyncio.get_running_loop().run_in_executor(edge.admission.executor, work)
-
-
 async def translate(edge: Edge, ask: Ask, caller: Caller) -> list[Translated]:
     """Raises CallFailed (INVALID_ARGUMENT when a text is confidently in a language nobody serves)."""
     if ask.source:
         groups = {ask.source: list(range(len(ask.texts)))}
         confidence: list[Optional[float]] = [None] * len(ask.texts)
     else:
-        found = await detect(edge, ask.texts, ask.html)
-        served = edge.admission.sources(ask.target)
+        try:
+            found = await edge.admission.sources_of(ask.texts, ask.target, ask.html)
+        except ServiceError as e:
+            raise CallFailed(grpc.StatusCode[e.code], str(e)) from None
         groups, confidence = {}, []
-        for i, detection in enumerate(found):
-            try:  # a blank text has no language: it goes with the first served one
-                language = served[0] if served and not ask.texts[i].strip() else \
-                    edge.admission.source_of(detection, ask.target, f"text {i}")
-            except ServiceError as e:
-                raise CallFailed(grpc.StatusCode[e.code], str(e)) from None
+        for i, (language, score) in enumerate(found):
             groups.setdefault(language, []).append(i)
-            confidence.append(dict(detection.ranked).get(language, 0.0))
+            confidence.append(score)
     calls = [_call(edge, ask, source, [ask.texts[i] for i in members], caller)
              for source, members in groups.items()]
     answers = await asyncio.gather(*calls)

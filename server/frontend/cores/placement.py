@@ -42,7 +42,7 @@ TRIES = 2  # each measurement this many times; the fastest counts (the first may
 
 
 def measure_row_cost(model, rows: int = ROWS, steps: int = STEPS, tries: int = TRIES) -> float:
-    """Seconds per row per decode step of `model` (a HostedModel with its engine loop running, idle), from
+    """Seconds per row per decode step of `model` (a ModelEngine with its engine loop running, idle), from
     whole loop iterations at 1 row and at `rows` rows: (T(rows) - T(1)) / (rows - 1), at least 0. 0.0 when
     the batch holds a single row (nothing to spread)."""
     rows = min(rows, model.capacity)

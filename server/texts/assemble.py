@@ -1,4 +1,4 @@
-"""Finished sentences -> the document's translation, whole (unary) or in order (streaming).
+"""Finished sentences -> the text's translation, whole (unary) or in order (streaming).
 
 Both paths put the same text in the same place: a unit's translation is
 `unit.finish(tokenizer.decode(ids))`, and the literal parts between units are copied.
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from models.core.tokenizer import SubwordTokenizer
 from server.frontend.detok import IncrementalDetokenizer
-from server.documents.plan import Plan, Unit
+from server.texts.plan import Plan, Unit
 from server.core.request import FinishEvent, FinishReason, Timing
 
 # A document's finish reason is the most serious of its sentences'.
@@ -29,7 +29,7 @@ class DocumentHypothesis:
 
 
 @dataclass
-class DocumentResult:
+class TextResult:
     hypotheses: list[DocumentHypothesis]
     reason: FinishReason
     input_tokens: int
@@ -54,7 +54,7 @@ def merged_reason(events: list[FinishEvent]) -> FinishReason:
     return max((e.reason for e in events), key=_SEVERITY.index, default=FinishReason.EOS)
 
 
-def assemble(plan: Plan, events: list[FinishEvent], tok: SubwordTokenizer) -> DocumentResult:
+def assemble(plan: Plan, events: list[FinishEvent], tok: SubwordTokenizer) -> TextResult:
     """Unit i's result is events[i]. Hypothesis k of the document takes hypothesis k of every
     sentence (a sentence with fewer takes its last)."""
     n_hyp = max((len(e.hypotheses) for e in events), default=1)
@@ -67,14 +67,14 @@ def assemble(plan: Plan, events: list[FinishEvent], tok: SubwordTokenizer) -> Do
     return _result(hyps, events)
 
 
-def _result(hyps: list[DocumentHypothesis], events: list[FinishEvent]) -> DocumentResult:
+def _result(hyps: list[DocumentHypothesis], events: list[FinishEvent]) -> TextResult:
     """The document's totals over its sentences' results (output tokens: the best hypotheses')."""
-    return DocumentResult(hyps, merged_reason(events), sum(e.input_tokens for e in events),
+    return TextResult(hyps, merged_reason(events), sum(e.input_tokens for e in events),
                           sum(len(e.hypotheses[0].tokens) for e in events), merged_timing(events),
                           len(events))
 
 
-class DocumentStream:
+class TextStream:
     """Feed it each unit's tokens and finish as they come, in any order; it returns the text
     that may be sent now, in document order."""
 
@@ -110,7 +110,7 @@ class DocumentStream:
         out, self.released = self.released, []
         return out
 
-    def result(self) -> DocumentResult:
+    def result(self) -> TextResult:
         return _result([], [e for e in self.events if e is not None])
 
     def _advance(self) -> str:

@@ -13,9 +13,9 @@ from tests.serving import ServerThread, flickr_sentences
 
 from protos.nmt.v1 import translator_pb2 as pb
 from protos.nmt.v1 import translator_pb2_grpc as pb_grpc
-from server.documents.html import plan_html
-from server.documents.placeholders import PLACEHOLDER, protect
-from server.documents.segment import cut_to_budget, plan_text, translatable
+from server.texts.html import plan_html
+from server.texts.placeholders import PLACEHOLDER, protect
+from server.texts.segment import cut_to_budget, plan_text, translatable
 from server.core.runaway import RunawayGuard, longest_loop
 
 TRICKY = [

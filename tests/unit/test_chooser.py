@@ -1,4 +1,4 @@
-"""server/core/choose.py (token choice over all rows at once) against the per-row code it replaced.
+"""server/core/chooser.py (token choice over all rows at once) against the per-row code it replaced.
 
 The oracle below is the per-row sampler and beam step as they were before the choice moved into
 the engine (git history: server/sampler.py, models/core/beam.py): row by row, float64 tempering,
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from models.core.beam import BeamState, log_softmax, logsumexp
-from server.core.choose import BEAM, GREEDY, SAMPLE, RowControls, TokenChooser, ngram_bans
+from server.core.chooser import BEAM, GREEDY, SAMPLE, RowControls, TokenChooser, ngram_bans
 
 pytestmark = pytest.mark.unit  # the fast layer: `make test-fast`
 

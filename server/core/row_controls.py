@@ -1,7 +1,7 @@
 """Scheduler -> engine, once per step: what each running row needs from the token choice.
 
 The scheduler's per-request state (server/core/scheduler.py's `Running`) becomes one `RowControls`
-(server/core/choose.py) in slot order: the kind of choice, a sampling row's settings and its own draw
+(server/core/chooser.py) in slot order: the kind of choice, a sampling row's settings and its own draw
 from its seeded generator (one per step, so a request samples the same in any batch), a forced
 token (a language token, a target prefix, EOS at the length limit), whether the log-probability
 is read, a beam's width, an alternative's rank, and the decoding controls' settings (the histories
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from server.core.choose import BEAM, SAMPLE, RowControls
+from server.core.chooser import BEAM, SAMPLE, RowControls
 from server.core.request import GenerationRules
 from server.core.terms import SETTINGS as TERMS
 

@@ -5,7 +5,7 @@ expression that respects quoted attribute values, so everything that is not
 translated comes back exactly as sent (a parser that rebuilds tags would normalise
 case, quotes and spacing). Block elements (p, div, li, td, br, h1...) end the run of
 text being collected; inline elements (b, i, a, span, em...) stay inside it and are
-handled like placeholders (server/documents/placeholders.py): the model reads the
+handled like placeholders (server/texts/placeholders.py): the model reads the
 clean sentence, the tags come back once each, in order, at the same relative word
 positions — so the output is as well-formed as the input. Text inside script, style,
 code, pre, textarea, and inside any element with translate="no" or class
@@ -20,31 +20,31 @@ import html
 import re
 from typing import Callable, Optional
 
-from server.documents.placeholders import protect
-from server.documents.plan import Plan, Unit
-from server.documents.segment import plan_text
+from server.texts.placeholders import protect
+from server.texts.plan import Plan, Unit
+from server.texts.segment import plan_text
 
-_MARKUP = re.compile(
+MARKUP = re.compile(
     r"<!--.*?-->"                          # comment
     r"|<!\[CDATA\[.*?\]\]>"                # CDATA
     r"|<![^>]*>"                           # doctype
     r"|<\?.*?\?>"                          # processing instruction
     r"|</?[A-Za-z][\w:\-]*(?:\"[^\"]*\"|'[^']*'|[^'\">])*>",  # tag, quoted attribute values respected
     re.S)
-_TAG_NAME = re.compile(r"</?([A-Za-z][\w:\-]*)")
-_BLOCK = frozenset("""address article aside blockquote body br caption dd details dialog div dl dt fieldset
+TAG_NAME = re.compile(r"</?([A-Za-z][\w:\-]*)")
+BLOCK_TAGS = frozenset("""address article aside blockquote body br caption dd details dialog div dl dt fieldset
     figcaption figure footer form h1 h2 h3 h4 h5 h6 head header hr html li main nav ol optgroup option p section
     summary table tbody td tfoot th thead title tr ul meta link""".split())
-_NEVER = frozenset("script style code pre textarea kbd samp var noscript template svg math".split())
-_NO_TRANSLATE = re.compile(r"""\btranslate\s*=\s*["']?no\b|\bclass\s*=\s*["'][^"']*\bnotranslate\b""", re.I)
+NEVER_TRANSLATED = frozenset("script style code pre textarea kbd samp var noscript template svg math".split())
+NO_TRANSLATE = re.compile(r"""\btranslate\s*=\s*["']?no\b|\bclass\s*=\s*["'][^"']*\bnotranslate\b""", re.I)
 # Character references, terminated by ";" (the form html.unescape decodes whole).
 _ENTITY = re.compile(r"&(?:#[0-9]{1,7}|#[xX][0-9a-fA-F]{1,6}|[A-Za-z][A-Za-z0-9]{1,31});")
 _VOID = frozenset("area base br col embed hr img input link meta source track wbr".split())
 
 
-def _tag(token: str) -> tuple[Optional[str], bool, bool]:
+def tag_of(token: str) -> tuple[Optional[str], bool, bool]:
     """(lower-case name or None for comments etc., is an end tag, is self-closing)."""
-    m = _TAG_NAME.match(token)
+    m = TAG_NAME.match(token)
     if not m:
         return None, False, False
     name = m.group(1).lower()
@@ -61,20 +61,20 @@ def plan_html(text: str, split: str, language: str, fits: Callable[[str], bool])
             run.pieces.clear()
 
     pos = 0
-    for m in _MARKUP.finditer(text):
+    for m in MARKUP.finditer(text):
         _text(text[pos:m.start()], run, plan, skip)
         pos = m.end()
         token = m.group(0)
-        name, closing, void = _tag(token)
+        name, closing, void = tag_of(token)
         if skip:
             plan.literal(token)
             if name == skip[-1] and not void:
                 skip.pop() if closing else skip.append(name)
             continue
-        if name is None or name in _BLOCK or name in _NEVER or (not closing and _NO_TRANSLATE.search(token)):
+        if name is None or name in BLOCK_TAGS or name in NEVER_TRANSLATED or (not closing and NO_TRANSLATE.search(token)):
             flush()
             plan.literal(token)
-            if not closing and not void and name is not None and (name in _NEVER or _NO_TRANSLATE.search(token)):
+            if not closing and not void and name is not None and (name in NEVER_TRANSLATED or NO_TRANSLATE.search(token)):
                 skip.append(name)
         else:
             run.pieces.append((True, token))  # inline: travels with its sentence
@@ -96,7 +96,7 @@ class _Run:
     as one private-use character that no segmenter, cut or placeholder pattern can split.
     That view is segmented like plain text; every part of the result is then mapped back to
     the raw characters it came from, so literals stay byte for byte and each sentence gets its
-    own tags back (server/documents/placeholders.py): every tag exactly once, in source order,
+    own tags back (server/texts/placeholders.py): every tag exactly once, in source order,
     whatever the model returns."""
 
     def __init__(self) -> None:

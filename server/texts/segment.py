@@ -24,8 +24,8 @@ from typing import Callable
 from sentencex import segment as sentencex_segment
 
 from models.core.text import BLANK_CHARS, visible
-from server.documents.placeholders import PLACEHOLDER, protect
-from server.documents.plan import SPLIT_NEWLINES, SPLIT_OFF, Plan, Unit
+from server.texts.placeholders import PLACEHOLDER, protect
+from server.texts.plan import SPLIT_NEWLINES, SPLIT_OFF, Plan, Unit
 
 _LINE = re.compile(r"(\r?\n)")
 _EDGES = re.compile(rf"^({BLANK_CHARS}*)(.*?)({BLANK_CHARS}*)$", re.S)

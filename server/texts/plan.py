@@ -1,4 +1,4 @@
-"""A document as the scheduler sees it: the parts kept verbatim and the units to translate.
+"""A text as the scheduler sees it: the parts kept verbatim and the units to translate.
 
 A text becomes a `Plan`: a sequence of literal strings (whitespace, layout, markup,
 segments with nothing to translate) and `Unit`s (one sentence each, translated as its

@@ -231,7 +231,7 @@ def parser() -> argparse.ArgumentParser:
                    help="start no more load calls once this many calls have started (default: %(default)s)")
     p.add_argument("--concurrency", type=int, default=16, help="workers in the mixed load (default: %(default)s)")
     p.add_argument("--http-weight", type=float, default=1.0,
-                   help="multiplies the HTTP categories' weights in the mix (24 of 126 at 1): 4 makes about "
+                   help="multiplies the HTTP categories' weights in the mix (27 of 129 at 1): 4 makes about "
                         "half the calls HTTP (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seeds the mix, the fuzz corpus and sampling "
                    "(default: %(default)s)")

@@ -12,11 +12,18 @@ RESET, which no category allows). Categories, each answered 200 (or 429 for a fu
   http_languages  GET /v2/languages (source, target), GET /languages, GET /v1/models
   http_health     GET /healthz
   http_hostile    one of http_hostile.py's cases on a raw socket
+  http_document   a document file through DeepL's /v2/document (upload, status polled, result) or the
+                  native /v1/files (upload, status polled, content): the file's lines all translated
+  http_glossary   a DeepL v3 glossary created, a /v2/translate with its glossary_id, the glossary deleted
+  http_large      a body near the 10 MB limit (--http-body-mb): native, DeepL or LibreTranslate JSON of
+                  more texts than a request may hold, parsed whole and refused (HTTP 400; 429 when the
+                  memory budget is full): what an outside mix sends to see the server grow
 
 An SSE error event is recorded as "SSE <gRPC code>"; a malformed 200 as BAD_RESPONSE.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from typing import Optional
@@ -31,7 +38,9 @@ from benchmarks.soak.record import Outcome, Record, Recorder
 from benchmarks.soak.traffic import decoding
 
 MIX = {"http_native": 4, "http_sse": 3, "http_sse_drop": 2, "http_deepl": 3, "http_libre": 3, "http_languages": 2,
-       "http_health": 2, "http_hostile": 5}
+       "http_health": 2, "http_hostile": 5, "http_document": 1, "http_glossary": 1, "http_large": 1}
+DOCUMENT_POLL_S = 0.2
+LARGE_BODY_BYTES = 9_500_000  # under the server's 10 MB default (--max-request-bytes): parsed, then refused
 AUTH = {"Authorization": "DeepL-Auth-Key soak-harness"}
 # The client drops its idle connections well before the server's keep-alive timeout (--http-keepalive-s,
 # 5 s by default) closes them: otherwise a request sent just as the server closed an idle connection
@@ -203,6 +212,91 @@ class HttpTraffic:
             resp = await send(self.client, "GET", "/healthz")
             return status(resp)
         return await self._call("http_health", "GET", "/healthz", fn)
+
+    # -- documents, glossaries, large bodies ----------------------------------------------------------------
+    async def http_document(self, rng: random.Random) -> Record:
+        lines = rng.choices(self.sentences, k=rng.randint(1, 6))
+        native = rng.random() < 0.5
+        data = ("\n".join(lines) + "\n").encode()
+        upload, path = ("/v1/files", "native") if native else ("/v2/document", "DeepL")
+
+        async def fn():
+            form = {"target_language" if native else "target_lang": self.target if native else self.target.upper()}
+            resp = await send(self.client, "POST", upload, data=form, files={"file": ("soak.txt", data, "text/plain")},
+                              headers={} if native else AUTH)
+            if resp.status_code != 200:
+                return status(resp)
+            got = resp.json()
+            ident = got.get("id") if native else got.get("document_id")
+            shape(bool(ident), "a document id", resp)
+            key = {} if native else {"document_key": got.get("document_key", "")}
+            where = f"/v1/files/{ident}" if native else f"/v2/document/{ident}"
+            for _ in range(int(self.timeout / DOCUMENT_POLL_S)):
+                resp = await send(self.client, "GET" if native else "POST", where, headers={} if native else AUTH,
+                                  **({} if native else {"data": key}))
+                if resp.status_code != 200:
+                    return status(resp)
+                state = resp.json().get("status")
+                if state == "error":
+                    raise Outcome("DOCUMENT_ERROR", resp.text[:300])
+                if state == "done":
+                    break
+                await asyncio.sleep(DOCUMENT_POLL_S)
+            else:
+                raise Outcome("HANG", f"the document was not done within {self.timeout:.0f} s")
+            resp = await send(self.client, "GET" if native else "POST", where + ("/content" if native else "/result"),
+                              headers={} if native else AUTH, **({} if native else {"data": key}))
+            if resp.status_code == 200:
+                shape(len(resp.content.decode("utf-8", "replace").splitlines()) == len(lines), "one line per line", resp)
+            return status(resp)
+        return await self._call("http_document", "POST", upload, fn, f"{path}, {len(lines)} lines")
+
+    async def http_glossary(self, rng: random.Random) -> Record:
+        words = sorted({w.strip(".,").lower() for w in rng.choice(self.sentences).split() if len(w) > 3}) or ["dog"]
+        entries = "\n".join(f"{w}\t{w.upper()}" for w in words[:4])
+
+        async def fn():
+            resp = await send(self.client, "POST", "/v3/glossaries", headers=AUTH, json={
+                "name": "soak", "dictionaries": [{"source_lang": self.source, "target_lang": self.target,
+                                                  "entries": entries, "entries_format": "tsv"}]})
+            if resp.status_code not in (200, 201):
+                return status(resp)
+            ident = resp.json().get("glossary_id")
+            shape(bool(ident), "a glossary id", resp)
+            try:
+                resp = await send(self.client, "POST", "/v2/translate", headers=AUTH, json={
+                    "text": [rng.choice(self.sentences)], "source_lang": self.source.upper(),
+                    "target_lang": self.target.upper(), "glossary_id": ident})
+                if resp.status_code == 200:
+                    shape(len(resp.json().get("translations", [])) == 1, "one translation", resp)
+                return status(resp)
+            finally:
+                gone = await send(self.client, "DELETE", f"/v3/glossaries/{ident}", headers=AUTH)
+                if gone.status_code != 204:
+                    raise Outcome(f"HTTP {gone.status_code}", "deleting the glossary: " + gone.text[:200])
+        return await self._call("http_glossary", "POST", "/v3/glossaries", fn, f"{len(words[:4])} entries")
+
+    async def http_large(self, rng: random.Random) -> Record:
+        api = rng.choice(["native", "DeepL", "LibreTranslate"])
+        text = ("A dog runs in the park. " * 1000)[:24_000]
+        count = LARGE_BODY_BYTES // (len(text) + 4)  # far more texts than a request may hold
+        field = {"native": "texts", "DeepL": "text", "LibreTranslate": "q"}[api]
+        body = {field: [text] * count}
+        if api == "DeepL":
+            body["target_lang"] = self.target.upper()
+        elif api == "LibreTranslate":
+            body.update(source=self.source, target=self.target)
+        path = {"native": "/v1/translate", "DeepL": "/v2/translate", "LibreTranslate": "/translate"}[api]
+        payload = json.dumps(body).encode()
+
+        async def fn():
+            resp = await send(self.client, "POST", path, content=payload, headers={
+                "Content-Type": "application/json", **(AUTH if api == "DeepL" else {})})
+            if resp.status_code in (400, 413):  # refused as the API refuses it: its own status, in its shape
+                return f"HTTP {resp.status_code}"
+            return status(resp)
+        return await self._call("http_large", "POST", path, fn, f"{api}, {len(payload) / 1e6:.1f} MB",
+                                allowed=frozenset({"HTTP 400", "HTTP 413", "HTTP 429"}))
 
     # -- hostile --------------------------------------------------------------------------------------------
     async def http_hostile(self, rng: random.Random) -> Record:

@@ -48,6 +48,8 @@ HTTP_EXPECTED: dict[str, frozenset] = {
     "http_native": HTTP_GOOD, "http_sse": HTTP_GOOD, "http_sse_drop": HTTP_GOOD, "http_deepl": HTTP_GOOD,
     "http_libre": HTTP_GOOD, "http_languages": HTTP_OK, "http_health": HTTP_OK, "http_health_probe": HTTP_OK,
     "http_hostile": frozenset(),  # per case: http_hostile.HostileCase.expect
+    "http_document": HTTP_GOOD, "http_glossary": HTTP_GOOD,
+    "http_large": frozenset(),  # per call: refused as its API refuses a body of too many texts (400), or 429
 }
 EXPECTED.update(HTTP_EXPECTED)
 ALWAYS_FAIL = frozenset({"INTERNAL", "UNKNOWN"})

@@ -112,7 +112,8 @@ HELP = {
                        "sessions, slot cache, scheduler and loop; a call goes to the replica with the least "
                        "outstanding work, a replica that dies costs only its own calls and restarts while the "
                        "others serve (server/frontend/cores/replicas.py); 0 = one per physical core (less one per "
-                       "extra frontend) with --engine-core process, else 1",
+                       "extra frontend) with --engine-core process, fewer under --memory-limit (as many as it "
+                       "holds at work, measured on the first one), else 1",
     "spread_row_cost_ms": "with engine replicas: streams of a model whose decode rows each cost more than this "
                           "per step (measured by every engine core once warm) go to the replica with the least "
                           "outstanding work, as every other call does; cheaper models' streams fill one "

@@ -138,6 +138,11 @@ class MemoryBudget:
     def full(self) -> bool:
         return self.limit is not None and self.used >= REFUSE_AT * self.limit
 
+    def room_for(self, more_bytes: int) -> bool:
+        """Whether the server can grow by `more_bytes` (a process about to start) and stay under the point where
+        it refuses work; always, without a limit."""
+        return self.limit is None or self.used + more_bytes < REFUSE_AT * self.limit
+
     def check(self) -> None:
         """Raise MemoryFull while the server is at its budget."""
         if self.full:

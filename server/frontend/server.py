@@ -30,7 +30,7 @@ from server.edge.http.status import EngineView
 from server.edge.lifecycle import Health, enable_reflection, server_options
 from server.observability.metrics import Metrics
 from server.observability import looplag, tracing
-from server.frontend.memory_budget import MemoryBudget, parse_limit
+from server.frontend.memory_budget import REFUSE_AT, MemoryBudget, parse_limit
 from server.observability.memory import ServerProcesses, siblings
 from server.observability.logs import config_summary
 from server.security.wiring import Security
@@ -123,6 +123,8 @@ class TranslationServer:
         self.admission.quota_of = self.security.quota_of
         self.budget = MemoryBudget(parse_limit(cfg.memory_limit), self.processes, self.metrics)  # --memory-limit
         self.admission.budget = self.budget
+        if self.core is not None:
+            self.core.room_for = self.budget.room_for  # the background replica starts only if it fits
         await self.server.start()
         self._loop_lag = asyncio.create_task(looplag.watch(self.metrics.loop_lag), name="loop-lag")
         count = 1 if self.attach else cfg.frontend_processes
@@ -214,8 +216,10 @@ class TranslationServer:
         t0 = time.perf_counter()
         models = [HostedModel(bundle, self.cfg, self.metrics, engine=False)
                   for bundle in discover(self.cfg.model_repository)]
+        limit = parse_limit(self.cfg.memory_limit)  # replicas the server chooses: as many as the budget holds
+        line = int(REFUSE_AT * limit) if limit and not self.cfg.engine_replicas and not self.cfg.on_cuda else None
         self.core = Replicas(self.cfg, self.metrics, on_down=self.health.not_ready, on_up=self._core_back,
-                             attach=self.attach, pieces={m.name: m.pieces for m in models})
+                             attach=self.attach, pieces={m.name: m.pieces for m in models}, memory_line=line)
         ready = await self.core.start()
         facts = {f.name: f for f in ready.models}
         if not self.attach:  # the primary exports the core's series; an extra frontend only its own

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.html_corpus import corpus, skeleton
+from tests.system.test_texts import source_text
 from tests.serving import ServerThread, flickr_sentences
 
 from protos.nmt.v1 import translator_pb2 as pb
@@ -26,12 +27,6 @@ HTML_SPACERS = ["<td>&nbsp;</td>", "<p>A dog.</p><p>&nbsp;</p>",
 # Every kind of space and invisible character a blank-looking cell is made of.
 BLANKS = ["\u00a0", "\u2007", "\u202f", "\u3000", "\u200b", "\ufeff", "\u2060", "\u3164", " \t\n",
           "\u00a0\u200b\u3000", "\u00ad"]
-
-
-def source_text(plan) -> str:
-    """The document rebuilt from its plan with every unit untranslated: the input wherever the splitter
-    kept it verbatim (the identity test's oracle)."""
-    return "".join(p if isinstance(p, str) else (p.original or p.source) for p in plan.parts)
 
 
 @pytest.mark.unit

@@ -21,10 +21,12 @@ from google.rpc import error_details_pb2
 
 from protos.nmt.v1 import translator_pb2 as pb
 from protos.nmt.v1 import translator_pb2_grpc as pb_grpc
-from server.config import ServerConfig
+from server.config import ServerConfig, physical_cores
 from benchmarks.harness import ServerProcess
-from server.frontend.memory_budget import parse_limit
-from server.observability.memory import resident_bytes
+from client.client import TranslatorClient
+from server.frontend.cores.replicas import BUSY_REPLICA, RESTING_FRONTEND, replicas_that_fit
+from server.frontend.memory_budget import REFUSE_AT, parse_limit
+from server.observability.memory import children, resident_bytes
 from tests.serving import ServerThread, wait_for
 
 TEXT = "A man is riding a bike."
@@ -125,5 +127,81 @@ def test_what_a_burst_of_large_bodies_took_is_handed_back_when_it_ends():
         # collection 1.11-1.96). A bound with room, waited for as a condition.
         assert wait_for(lambda: resident_bytes(server.pid) <= 1.25 * rest, timeout=60), \
             (resident_bytes(server.pid) >> 20, rest >> 20)
+    finally:
+        server.stop()
+
+
+def _server_bytes(server: ServerProcess) -> tuple[int, int, int]:
+    """(the server's processes' resident bytes summed, its largest engine core's, how many cores run)."""
+    cores = [resident_bytes(pid) or 0 for pid, _ in children(server.pid)]
+    return (resident_bytes(server.pid) or 0) + sum(cores), max(cores, default=0), len(cores)
+
+
+def test_the_background_replica_starts_only_where_the_budget_holds_it():
+    """A document's texts (background work) start a replica of their own, unless the memory budget could not
+    hold one more replica as large as the running one: then they run in the running replica, and the server
+    stays under the line where it would refuse calls. The limit is set from a first server of the same
+    layout: half a replica above what it held, over REFUSE_AT."""
+    flags = ("--engine-core", "process", "--engine-replicas", "1")
+    probe = ServerProcess(*flags).start()
+    try:
+        with TranslatorClient(probe.target, timeout=60) as client:
+            client.translate([TEXT])
+        used, replica, _ = _server_bytes(probe)
+    finally:
+        probe.stop()
+    limit = int((used + replica // 2) / REFUSE_AT)
+    server = ServerProcess(*flags, "--memory-limit", str(limit)).start()
+    try:
+        with TranslatorClient(server.target, timeout=60) as client:
+            assert client.translate([TEXT]).translations[0].hypotheses[0].text
+            answer = client.translate([TEXT, "Two dogs play in the snow."], background=True)
+            assert all(t.hypotheses[0].text for t in answer.translations)  # served, in the running replica
+        assert _server_bytes(server)[2] == 1  # no second engine core
+        assert wait_for(lambda: "background_replica_no_room" in server.log_text(), timeout=30)  # the log is written
+        assert "background_replica_up" not in server.log_text()                               # by a thread
+    finally:
+        server.stop()
+    # and with room for it (no limit), the same work starts it
+    roomy = ServerProcess(*flags, "--memory-limit", "1T").start()
+    try:
+        with TranslatorClient(roomy.target, timeout=60) as client:
+            client.translate([TEXT], background=True)
+        assert wait_for(lambda: "background_replica_up" in roomy.log_text(), timeout=60)
+        assert _server_bytes(roomy)[2] == 2
+    finally:
+        roomy.stop()
+
+
+@pytest.mark.unit
+def test_replicas_that_fit_count_each_replica_busy_and_the_frontend_at_rest():
+    mb = 1 << 20
+    assert replicas_that_fit(450 * mb, 134 * mb, 130 * mb, 2) == 1  # --memory-limit 500M on the shipped pair
+    assert replicas_that_fit(921 * mb, 134 * mb, 130 * mb, 2) == 2  # 1G: as many as asked
+    assert replicas_that_fit(921 * mb, 134 * mb, 130 * mb, 8) == 4
+    assert replicas_that_fit(100 * mb, 134 * mb, 130 * mb, 2) == 1  # never none: the server must serve
+    assert replicas_that_fit(450 * mb, 134 * mb, 0, 2) == 2  # nothing measured: as asked
+
+
+def test_under_a_budget_only_the_replicas_it_holds_start():
+    """With the replica count left to the server, a memory limit that holds one busy replica and not two
+    starts one (logged), and it serves; the limit is set from a first server's sizes at start, with half a
+    replica of margin each way."""
+    if physical_cores() < 2:
+        pytest.skip("one physical core: the server starts one replica whatever the budget")
+    probe = ServerProcess("--engine-core", "process").start()
+    try:
+        frontend, replica, cores = _server_bytes(probe)
+        frontend -= sum(resident_bytes(pid) or 0 for pid, _ in children(probe.pid))
+        assert cores == 2
+    finally:
+        probe.stop()
+    line = RESTING_FRONTEND * frontend + 1.5 * BUSY_REPLICA * replica
+    server = ServerProcess("--engine-core", "process", "--memory-limit", str(int(line / REFUSE_AT))).start()
+    try:
+        assert _server_bytes(server)[2] == 1
+        assert wait_for(lambda: "engine_replicas_fit" in server.log_text(), timeout=30)
+        with TranslatorClient(server.target, timeout=60) as client:
+            assert client.translate([TEXT]).translations[0].hypotheses[0].text
     finally:
         server.stop()

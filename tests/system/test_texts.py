@@ -32,7 +32,7 @@ ALL_WORDS = lambda s: len(s.split()) <= 6  # noqa: E731 (a budget of six words f
 
 
 def source_text(plan) -> str:
-    """The document rebuilt from its plan with every unit untranslated: the input wherever the splitter
+    """The text rebuilt from its plan with every unit untranslated: the input wherever the splitter
     kept it verbatim (the identity test's oracle)."""
     return "".join(p if isinstance(p, str) else (p.original or p.source) for p in plan.parts)
 

@@ -23,7 +23,9 @@ streams' TTFT p50 1.46x and halved their tokens/s, because on a machine the inte
 (client, frontend, replica) already keeps busy, every hop of a call waited for a core the document
 held; in a nice-19 replica the document used only the CPU time they left. That replica starts at the
 first background request and stops after BACKGROUND_IDLE_S without any, so a server that never sees
-one never pays its memory. Without it (off, starting, or an extra frontend, which cannot start it)
+one never pays its memory, and it does not start while the memory budget (--memory-limit) could not hold
+one more replica as large as the largest running one: the budget is for calls, not for a process that
+would then make the server refuse them. Without it (off, starting, over the budget, or an extra frontend, which cannot start it)
 background work goes to the replica with the least interactive work, and interactive calls prefer
 replicas holding no background work. A replica that dies fails only its own calls (UNAVAILABLE)
 and restarts while the others serve; readiness is NOT_SERVING only while no replica is up. Each
@@ -35,6 +37,7 @@ import asyncio
 import dataclasses
 import functools
 import logging
+import os
 from typing import Awaitable, Callable, Optional
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -45,11 +48,24 @@ from server.frontend.cores.placement import choose
 from server.frontend.cores.supervisor import CoreFailed, CoreSupervisor
 from server.core.errors import Unavailable
 from server.core.request import Job
+from server.observability.memory import resident_bytes
 from server.observability.metrics import Metrics
 
 log = logging.getLogger("server.coreprocess")
 BACKGROUND_NICE = 19  # the lowest CPU priority: the background replica runs on what the others leave
 BACKGROUND_IDLE_S = 60.0  # the background replica stops after this long without work
+# Under a memory budget, as many replicas as it holds when each is busy: a replica at work held 1.35x its
+# resident size at start (140 -> 190 MB in the soak, its slot cache's pages), and the frontend grew 1.3x
+# from its start to its at-rest size once HTTP calls had loaded the language identifier (134 -> 172 MB).
+BUSY_REPLICA = 1.35
+RESTING_FRONTEND = 1.3
+
+
+def replicas_that_fit(line: int, frontend: int, replica: int, wanted: int) -> int:
+    """How many of `wanted` replicas of `replica` bytes (at start) a server whose frontend holds `frontend`
+    bytes (at start) can run busy under `line` bytes (where the budget refuses calls); at least one."""
+    room = line - RESTING_FRONTEND * frontend
+    return max(1, min(wanted, int(room // (BUSY_REPLICA * replica)) if replica > 0 else wanted))
 
 
 async def _nothing() -> None:
@@ -59,9 +75,12 @@ async def _nothing() -> None:
 class Replicas:
     def __init__(self, cfg: ServerConfig, metrics: Metrics, on_down: Callable[[], Awaitable[None]],
                  on_up: Callable[[], Awaitable[None]], attach: str = "",
-                 pieces: Optional[dict[str, tuple[str, ...]]] = None):
+                 pieces: Optional[dict[str, tuple[str, ...]]] = None, memory_line: Optional[int] = None):
         """`attach`: the comma-separated core addresses of another process's replicas (an extra frontend).
-        `pieces`: each model's vocabulary pieces, handed to the cores (CoreSupervisor)."""
+        `pieces`: each model's vocabulary pieces, handed to the cores (CoreSupervisor). `memory_line`: where
+        the memory budget refuses calls (bytes), when the replica count is the server's to choose: then
+        only as many start as fit it (replicas_that_fit)."""
+        self.memory_line = memory_line
         self.on_down, self.on_up, self.pieces = on_down, on_up, pieces
         addresses = attach.split(",") if attach else [""] * cfg.replicas
         # On CUDA each replica drives one device of --device (ServerConfig.devices), in turn when
@@ -79,6 +98,8 @@ class Replicas:
         self.background: CoreSupervisor | None = None  # running now
         self._background_lock = asyncio.Lock()
         self._background_watch: asyncio.Task | None = None
+        self.room_for: Optional[Callable[[int], bool]] = None  # MemoryBudget.room_for, set by the server
+        self._no_room_logged = False
 
     # -- what the frontend and the pool read ---------------------------------------------------
     @property
@@ -103,8 +124,20 @@ class Replicas:
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self):
-        """Start every replica at once; their Ready (the same models in each): the first one's."""
-        readies = await asyncio.gather(*(m.start() for m in self.members))
+        """Start every replica at once; their Ready (the same models in each): the first one's. Under a memory
+        line, the first alone, and then as many more as fit beside it."""
+        if self.memory_line is not None and len(self.members) > 1:
+            first = await self.members[0].start()
+            fit = replicas_that_fit(self.memory_line, resident_bytes(os.getpid()) or 0,
+                                    resident_bytes(first.pid) or 0, len(self.members))
+            if fit < len(self.members):
+                log.warning("the memory budget holds %d engine replica(s) at work, not %d: starting %d",
+                            fit, len(self.members), fit, extra={"event": "engine_replicas_fit", "replicas": fit,
+                                                                "wanted": len(self.members)})
+                del self.members[fit:]  # never started
+            readies = [first, *await asyncio.gather(*(m.start() for m in self.members[1:]))]
+        else:
+            readies = await asyncio.gather(*(m.start() for m in self.members))
         log.info("%d engine replica(s) ready: pids %s", len(readies), [r.pid for r in readies],
                  extra={"event": "engine_replicas_up", "pids": [r.pid for r in readies]})
         return readies[0]
@@ -122,6 +155,8 @@ class Replicas:
         if not self.background_allowed:
             return None
         async with self._background_lock:
+            if self.background is None and not self._room_for_background():
+                return None
             if self.background is None:
                 core = CoreSupervisor(self.cfg, self.metrics, _nothing, _nothing, nice=BACKGROUND_NICE,
                                      pieces=self.pieces)
@@ -136,6 +171,19 @@ class Replicas:
                 self.background = core
                 self._background_watch = asyncio.create_task(self._retire_when_idle(core), name="background-idle")
             return self.background.link if self.background.link.up else None
+
+    def _room_for_background(self) -> bool:
+        """Whether the memory budget holds one more replica (the size of the largest running one)."""
+        size = max((resident_bytes(pid) or 0 for pid in self.pids if pid), default=0)
+        if self.room_for is None or self.room_for(size):
+            self._no_room_logged = False
+            return True
+        if not self._no_room_logged:  # once per spell: background work goes to the replicas meanwhile
+            self._no_room_logged = True
+            log.warning("background replica not started: the memory budget cannot hold another %d MB replica; "
+                        "background work runs in the replicas", size >> 20,
+                        extra={"event": "background_replica_no_room", "replica_bytes": size})
+        return False
 
     async def _retire_when_idle(self, core: CoreSupervisor) -> None:
         """Stop the background replica once it has held no work for BACKGROUND_IDLE_S."""

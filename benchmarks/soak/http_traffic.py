@@ -15,9 +15,10 @@ RESET, which no category allows). Categories, each answered 200 (or 429 for a fu
   http_document   a document file through DeepL's /v2/document (upload, status polled, result) or the
                   native /v1/files (upload, status polled, content): the file's lines all translated
   http_glossary   a DeepL v3 glossary created, a /v2/translate with its glossary_id, the glossary deleted
-  http_large      a body near the 10 MB limit (--http-body-mb): native, DeepL or LibreTranslate JSON of
-                  more texts than a request may hold, parsed whole and refused (HTTP 400; 429 when the
-                  memory budget is full): what an outside mix sends to see the server grow
+  http_large      a body near the body limit (4 MiB by default, --max-request-bytes), or past it: native,
+                  DeepL or LibreTranslate JSON of more texts than a request may hold, parsed whole and
+                  refused (HTTP 400), refused unread (413), or refused for the memory budget (429): what
+                  an outside mix sends to see the server grow
 
 An SSE error event is recorded as "SSE <gRPC code>"; a malformed 200 as BAD_RESPONSE.
 """
@@ -40,7 +41,7 @@ from benchmarks.soak.traffic import decoding
 MIX = {"http_native": 4, "http_sse": 3, "http_sse_drop": 2, "http_deepl": 3, "http_libre": 3, "http_languages": 2,
        "http_health": 2, "http_hostile": 5, "http_document": 1, "http_glossary": 1, "http_large": 1}
 DOCUMENT_POLL_S = 0.2
-LARGE_BODY_BYTES = 9_500_000  # under the server's 10 MB default (--max-request-bytes): parsed, then refused
+LARGE_BODY_BYTES = (4_100_000, 9_500_000)  # under the 4 MiB default (--max-request-bytes): parsed; past it: 413
 AUTH = {"Authorization": "DeepL-Auth-Key soak-harness"}
 # The client drops its idle connections well before the server's keep-alive timeout (--http-keepalive-s,
 # 5 s by default) closes them: otherwise a request sent just as the server closed an idle connection
@@ -279,7 +280,7 @@ class HttpTraffic:
     async def http_large(self, rng: random.Random) -> Record:
         api = rng.choice(["native", "DeepL", "LibreTranslate"])
         text = ("A dog runs in the park. " * 1000)[:24_000]
-        count = LARGE_BODY_BYTES // (len(text) + 4)  # far more texts than a request may hold
+        count = rng.choice(LARGE_BODY_BYTES) // (len(text) + 4)  # far more texts than a request may hold
         field = {"native": "texts", "DeepL": "text", "LibreTranslate": "q"}[api]
         body = {field: [text] * count}
         if api == "DeepL":

@@ -43,6 +43,9 @@ from server.observability.memory import ServerProcesses, resident_bytes
 log = logging.getLogger(__name__)
 SAMPLE_S = 0.5
 REFUSE_AT = 0.9  # of the limit: in-flight work still grows after the last admitted call
+# A body being parsed and called holds about this many times its size (64 bodies of 3.2 MB, 8 at a time,
+# took the frontend from 160 to 360 MB: ~25 MB each, docs/benchmarks/memory_burst.md).
+BODY_FACTOR = 8
 TRIM_GROWTH = 32 << 20  # this process grown by this much since its last trim: hand the free pages back
 STILL = 1 << 20  # ... once two samples differ by less than this (the burst is over)
 CGROUP_FILES = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
@@ -81,6 +84,7 @@ class MemoryBudget:
         self._task: Optional[asyncio.Task] = None
         self._own: Optional[int] = None  # this process's resident bytes at the last sample
         self._baseline: Optional[int] = None  # ... after the last trim (or at start)
+        self.reserved = 0  # bytes promised to bodies being read and parsed (reserve / release)
 
     def start(self) -> None:
         if self._task is None:
@@ -137,6 +141,22 @@ class MemoryBudget:
     @property
     def full(self) -> bool:
         return self.limit is not None and self.used >= REFUSE_AT * self.limit
+
+    def reserve(self, body_bytes: int) -> bool:
+        """Admit a request body of `body_bytes` before it is read: its parse and call are counted at BODY_FACTOR
+        times its size until `release`; False (nothing reserved) when that would pass the refusal line.
+        Always True without a limit."""
+        if self.limit is None:
+            return True
+        cost = BODY_FACTOR * body_bytes
+        if self.used + self.reserved + cost >= REFUSE_AT * self.limit:
+            return False
+        self.reserved += cost
+        return True
+
+    def release(self, body_bytes: int) -> None:
+        if self.limit is not None:
+            self.reserved = max(0, self.reserved - BODY_FACTOR * body_bytes)
 
     def room_for(self, more_bytes: int) -> bool:
         """Whether the server can grow by `more_bytes` (a process about to start) and stay under the point where

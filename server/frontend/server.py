@@ -84,6 +84,10 @@ class TranslationServer:
             raise ConfigError("invalid settings: " + "; ".join(problems))
         if not cfg.document_dir and not self.attach:  # one spool for every frontend process: the config they read
             cfg.document_dir = self._own_dir = tempfile.mkdtemp(prefix="nmt-documents-")
+        # grpcio-health-checking's servicer starts with the whole server ("") SERVING: until serving() below,
+        # a health check made while the HTTP port and the rest were still starting said SERVING (seen: the HTTP
+        # port refused connections for ~0.2 s after the gRPC health check had said SERVING).
+        await self.health.not_ready()
         if cfg.engine_core == "process" or self.attach:
             await self._start_core()
         else:

@@ -205,3 +205,35 @@ def test_under_a_budget_only_the_replicas_it_holds_start():
             assert client.translate([TEXT]).translations[0].hypotheses[0].text
     finally:
         server.stop()
+
+
+def test_a_large_body_is_admitted_against_the_budget_before_it_is_read():
+    """A body the budget could not hold while it is parsed (BODY_FACTOR times its size) gets each API's own
+    429 with Retry-After before it is read, and the server is none the bigger; a smaller body and a small call
+    go on. The limit puts the refusal line 18 MB above what a first server of the same layout held at rest."""
+    layout = ("--engine-core", "process", "--engine-replicas", "1")  # a count given: the budget does not change it
+    probe = ServerProcess(*layout, http_port=0).start()
+    try:
+        httpx.post(probe.http_url + "/v1/translate", json={"texts": [TEXT]}, timeout=60)
+        used = _server_bytes(probe)[0]
+    finally:
+        probe.stop()
+    server = ServerProcess(*layout, "--memory-limit", str(int((used + (18 << 20)) / REFUSE_AT)), http_port=0).start()
+    try:
+        big = json.dumps({"texts": ["A dog runs in the park. " * 1000] * 174}).encode()  # 4.2 MB: 33 MB to hold
+        assert len(big) < ServerConfig().max_request_bytes  # under the body limit: only the budget refuses it
+        small = json.dumps({"texts": ["A dog runs in the park. " * 1000] * 20}).encode()  # 0.5 MB: 4 MB
+        before = resident_bytes(server.pid)
+        for path, key in (("/v1/translate", None), ("/v2/translate", "message"), ("/translate", "error")):
+            refused = httpx.post(server.http_url + path, content=big, timeout=60,
+                                 headers={"Content-Type": "application/json"})
+            assert refused.status_code == 429 and refused.headers["retry-after"] == "1", (path, refused.text)
+            shown = refused.json()["error"]["message"] if key is None else refused.json()[key]
+            assert "memory limit" in shown
+        assert resident_bytes(server.pid) < before + (20 << 20)  # none of the three was read into the frontend
+        assert httpx.post(server.http_url + "/v1/translate", content=small, timeout=60,
+                          headers={"Content-Type": "application/json"}).status_code == 400  # read: too long a text
+        ok = httpx.post(server.http_url + "/v1/translate", json={"texts": [TEXT]}, timeout=60)
+        assert ok.status_code == 200 and ok.json()["translations"][0]["hypotheses"][0]["text"]
+    finally:
+        server.stop()

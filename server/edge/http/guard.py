@@ -19,6 +19,10 @@ The design, one ASGI middleware inside Starlette's error middleware, around the 
     LINGER_S) before the answer ends and uvicorn closes. Closing on unread bytes makes the kernel
     send a reset, which destroys the answer the client has not read yet: the soak's 13 MB upload
     against the 10 MB file limit got a reset instead of its 413 (nginx lingers for the same reason);
+  * a body that declares BODY_RESERVE_BYTES or more is admitted against the memory budget
+    (--memory-limit) by its size before it is read: a call whose body the budget could not hold while it
+    is parsed gets the API's own "overloaded, retry" answer (429 with Retry-After) instead of growing the
+    server past its limit; the reservation lasts until the response ends (server/frontend/memory_budget.py);
   * a response no handler counted (a 404, a 405, a 500 from here) is counted by API and status.
 The body parsers' own limits (depth, numbers) are server/edge/http/body.py's.
 """
@@ -36,6 +40,7 @@ from starlette.requests import ClientDisconnect
 log = logging.getLogger(__name__)
 LINGER_S = 5.0  # at most this long reading an unread body's rest after an early error answer
 LINGER_BYTES = 64 << 20  # and at most this much of it; past either, uvicorn closes (a reset, then)
+BODY_RESERVE_BYTES = 256 << 10  # bodies this large or larger are admitted against the memory budget
 
 # Set per request by the guard, marked by Edge.count: whether a handler counted its response.
 COUNTED: contextvars.ContextVar[Optional[list]] = contextvars.ContextVar("nmt_http_counted", default=None)
@@ -67,8 +72,9 @@ def error_body(api: str, status: int, code: str, message: str) -> bytes:
 
 
 class HttpGuard:
-    def __init__(self, app, max_header_bytes: int, count: Callable[[str, str, int], None]):
+    def __init__(self, app, max_header_bytes: int, count: Callable[[str, str, int], None], budget=None):
         self.app, self.max_header_bytes, self.count = app, max_header_bytes, count
+        self.budget = budget  # server/frontend/memory_budget.py MemoryBudget, or None
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -110,6 +116,15 @@ class HttpGuard:
                 message = {"type": "http.response.body", "body": b""}
             await send(message)
 
+        declared = headers.get(b"content-length", b"0")
+        reserved = int(declared) if declared.isdigit() and int(declared) >= BODY_RESERVE_BYTES else 0
+        if reserved and self.budget is not None and not self.budget.reserve(reserved):
+            message = f"the server is at its memory limit: no room for a body of {reserved} bytes now; retry in a moment"
+            await _answer(send_tracked, 429, error_body(api, 429, "RESOURCE_EXHAUSTED", message),
+                          close=False, retry_after=1)
+            COUNTED.reset(token)
+            self.count(api, "memory", 429)
+            return
         try:
             await self.app(scope, receive_tracked, send_tracked)
         except ClientDisconnect:
@@ -123,6 +138,8 @@ class HttpGuard:
             state["status"] = 500
         finally:
             COUNTED.reset(token)
+            if reserved and self.budget is not None:
+                self.budget.release(reserved)
         if not counted and state["status"]:
             self.count(api, "other", state["status"])
 
@@ -138,9 +155,11 @@ async def _drain(receive, state: dict) -> None:
         size += len(message.get("body", b""))
 
 
-async def _answer(send, status: int, body: bytes, close: bool) -> None:
+async def _answer(send, status: int, body: bytes, close: bool, retry_after: Optional[int] = None) -> None:
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if close:
         headers.append((b"connection", b"close"))
+    if retry_after is not None:
+        headers.append((b"retry-after", str(retry_after).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -59,7 +59,7 @@ class HttpFrontend:
         # connection; Starlette's own error middleware would send it and then re-raise.
         self.app = Starlette(routes=routes, exception_handlers={404: self._not_found, 405: self._not_allowed},
                              middleware=[Middleware(HttpGuard, max_header_bytes=cfg.http_max_header_bytes,
-                                                    count=self._count)])
+                                                    count=self._count, budget=edge.admission.budget)])
 
     # -- probes -------------------------------------------------------------------------
     def _status(self, service: str) -> int:

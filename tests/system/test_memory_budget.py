@@ -176,31 +176,35 @@ def test_the_background_replica_starts_only_where_the_budget_holds_it():
 @pytest.mark.unit
 def test_replicas_that_fit_count_each_replica_busy_and_the_frontend_at_rest():
     mb = 1 << 20
-    assert replicas_that_fit(450 * mb, 134 * mb, 130 * mb, 2) == 1  # --memory-limit 500M on the shipped pair
-    assert replicas_that_fit(921 * mb, 134 * mb, 130 * mb, 2) == 2  # 1G: as many as asked
-    assert replicas_that_fit(921 * mb, 134 * mb, 130 * mb, 8) == 4
+    assert replicas_that_fit(450 * mb, 79 * mb, 137 * mb, 2) == 1  # --memory-limit 500M on the shipped pair
+    assert replicas_that_fit(921 * mb, 79 * mb, 137 * mb, 2) == 2  # 1G: as many as asked
+    assert replicas_that_fit(921 * mb, 79 * mb, 137 * mb, 8) == 4
     assert replicas_that_fit(100 * mb, 134 * mb, 130 * mb, 2) == 1  # never none: the server must serve
     assert replicas_that_fit(450 * mb, 134 * mb, 0, 2) == 2  # nothing measured: as asked
 
 
 def test_under_a_budget_only_the_replicas_it_holds_start():
     """With the replica count left to the server, a memory limit that holds one busy replica and not two
-    starts one (logged), and it serves; the limit is set from a first server's sizes at start, with half a
-    replica of margin each way."""
+    starts one (logged), and it serves. The sizes come from a first server's own decision under a limit that
+    holds everything (its log names the frontend's and the first replica's bytes), and the limit gives room
+    for 1.5 busy replicas beside the frontend at rest."""
     if physical_cores() < 2:
         pytest.skip("one physical core: the server starts one replica whatever the budget")
-    probe = ServerProcess("--engine-core", "process").start()
+
+    def decision(server: ServerProcess) -> dict:
+        assert wait_for(lambda: "engine_replicas_fit" in server.log_text(), timeout=30)  # a thread writes the log
+        return next(json.loads(line) for line in server.log_text().splitlines() if "engine_replicas_fit" in line)
+    probe = ServerProcess("--engine-core", "process", "--memory-limit", "1T").start()
     try:
-        frontend, replica, cores = _server_bytes(probe)
-        frontend -= sum(resident_bytes(pid) or 0 for pid, _ in children(probe.pid))
-        assert cores == 2
+        sizes = decision(probe)
+        assert sizes["replicas"] == sizes["wanted"] == 2 and _server_bytes(probe)[2] == 2
     finally:
         probe.stop()
-    line = RESTING_FRONTEND * frontend + 1.5 * BUSY_REPLICA * replica
+    line = RESTING_FRONTEND * sizes["frontend_bytes"] + 1.5 * BUSY_REPLICA * sizes["replica_bytes"]
     server = ServerProcess("--engine-core", "process", "--memory-limit", str(int(line / REFUSE_AT))).start()
     try:
+        assert decision(server)["replicas"] == 1
         assert _server_bytes(server)[2] == 1
-        assert wait_for(lambda: "engine_replicas_fit" in server.log_text(), timeout=30)
         with TranslatorClient(server.target, timeout=60) as client:
             assert client.translate([TEXT]).translations[0].hypotheses[0].text
     finally:

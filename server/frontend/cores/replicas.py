@@ -55,10 +55,11 @@ log = logging.getLogger("server.coreprocess")
 BACKGROUND_NICE = 19  # the lowest CPU priority: the background replica runs on what the others leave
 BACKGROUND_IDLE_S = 60.0  # the background replica stops after this long without work
 # Under a memory budget, as many replicas as it holds when each is busy: a replica at work held 1.35x its
-# resident size at start (140 -> 190 MB in the soak, its slot cache's pages), and the frontend grew 1.3x
-# from its start to its at-rest size once HTTP calls had loaded the language identifier (134 -> 172 MB).
+# resident size at start (140 -> 190 MB in the soak, its slot cache's pages), and the frontend at rest held
+# 2.2x what it holds when the replicas start (79 MB then, before its HTTP port, language identifier and first
+# calls; 172 MB at rest after the soak's warm-up).
 BUSY_REPLICA = 1.35
-RESTING_FRONTEND = 1.3
+RESTING_FRONTEND = 2.2
 
 
 def replicas_that_fit(line: int, frontend: int, replica: int, wanted: int) -> int:
@@ -128,13 +129,14 @@ class Replicas:
         line, the first alone, and then as many more as fit beside it."""
         if self.memory_line is not None and len(self.members) > 1:
             first = await self.members[0].start()
-            fit = replicas_that_fit(self.memory_line, resident_bytes(os.getpid()) or 0,
-                                    resident_bytes(first.pid) or 0, len(self.members))
-            if fit < len(self.members):
-                log.warning("the memory budget holds %d engine replica(s) at work, not %d: starting %d",
-                            fit, len(self.members), fit, extra={"event": "engine_replicas_fit", "replicas": fit,
-                                                                "wanted": len(self.members)})
-                del self.members[fit:]  # never started
+            frontend, replica = resident_bytes(os.getpid()) or 0, resident_bytes(first.pid) or 0
+            fit = replicas_that_fit(self.memory_line, frontend, replica, len(self.members))
+            log.log(logging.WARNING if fit < len(self.members) else logging.INFO,
+                    "the memory budget holds %d engine replica(s) at work (%d wanted): starting %d", fit,
+                    len(self.members), fit, extra={"event": "engine_replicas_fit", "replicas": fit,
+                                                   "wanted": len(self.members), "frontend_bytes": frontend,
+                                                   "replica_bytes": replica, "line_bytes": self.memory_line})
+            del self.members[fit:]  # never started
             readies = [first, *await asyncio.gather(*(m.start() for m in self.members[1:]))]
         else:
             readies = await asyncio.gather(*(m.start() for m in self.members))

@@ -14,8 +14,10 @@ HELP = {
     "http_body_timeout_s": "HTTP: a request body must arrive within this many seconds (slow senders get 408); > 0",
     "memory_limit": "the server's memory budget, all its processes together: while their resident memory is at 90%% "
                     "of it, new Translate and Embed calls are refused with RESOURCE_EXHAUSTED (HTTP 429, Retry-After); "
-                    "running calls and health go on. auto: the cgroup's limit when there is one, else none; 0: none; "
-                    "or a size: 500M, 2G",
+                    "running calls and health go on; an HTTP body of 256 KiB or more is admitted by its size before "
+                    "it is read; with --engine-replicas 0 only the replicas it holds at work start, and the "
+                    "background replica only when it fits (docs/memory.md). auto: the cgroup's limit when there is "
+                    "one, else none; 0: none; or a size: 500M, 2G",
     "web_ui": "HTTP: the translator page at / and the status page at /status (docs/web.md), calling only the "
               "API's own endpoints with the caller's key; false: those paths answer 404 like any unknown one",
     "model_repository": "folder of <model>/<version>/ bundles to serve (all of them); default: the checkout's "

@@ -139,8 +139,13 @@ class MemoryBudget:
         await asyncio.get_running_loop().run_in_executor(None, release_free_heap)
 
     @property
+    def line(self) -> Optional[int]:
+        """Bytes at which new work is refused (REFUSE_AT of the limit); None without a limit."""
+        return None if self.limit is None else int(REFUSE_AT * self.limit)
+
+    @property
     def full(self) -> bool:
-        return self.limit is not None and self.used >= REFUSE_AT * self.limit
+        return self.line is not None and self.used >= self.line
 
     def reserve(self, body_bytes: int) -> bool:
         """Admit a request body of `body_bytes` before it is read: its parse and call are counted at BODY_FACTOR
@@ -149,7 +154,7 @@ class MemoryBudget:
         if self.limit is None:
             return True
         cost = BODY_FACTOR * body_bytes
-        if self.used + self.reserved + cost >= REFUSE_AT * self.limit:
+        if not self.room_for(self.reserved + cost):
             return False
         self.reserved += cost
         return True
@@ -161,7 +166,7 @@ class MemoryBudget:
     def room_for(self, more_bytes: int) -> bool:
         """Whether the server can grow by `more_bytes` (a process about to start) and stay under the point where
         it refuses work; always, without a limit."""
-        return self.limit is None or self.used + more_bytes < REFUSE_AT * self.limit
+        return self.line is None or self.used + more_bytes < self.line
 
     def check(self) -> None:
         """Raise MemoryFull while the server is at its budget."""

@@ -30,7 +30,7 @@ from server.edge.http.status import EngineView
 from server.edge.lifecycle import Health, enable_reflection, server_options
 from server.observability.metrics import Metrics
 from server.observability import looplag, tracing
-from server.frontend.memory_budget import REFUSE_AT, MemoryBudget, parse_limit
+from server.frontend.memory_budget import MemoryBudget, parse_limit
 from server.observability.memory import ServerProcesses, siblings
 from server.observability.logs import config_summary
 from server.security.wiring import Security
@@ -84,6 +84,8 @@ class TranslationServer:
             raise ConfigError("invalid settings: " + "; ".join(problems))
         if not cfg.document_dir and not self.attach:  # one spool for every frontend process: the config they read
             cfg.document_dir = self._own_dir = tempfile.mkdtemp(prefix="nmt-documents-")
+        # --memory-limit, before the cores: it decides how many replicas start (Replicas)
+        self.budget = MemoryBudget(parse_limit(cfg.memory_limit), self.processes, self.metrics)
         # grpcio-health-checking's servicer starts with the whole server ("") SERVING: until serving() below,
         # a health check made while the HTTP port and the rest were still starting said SERVING (seen: the HTTP
         # port refused connections for ~0.2 s after the gRPC health check had said SERVING).
@@ -125,10 +127,7 @@ class TranslationServer:
             self._metrics_http = self.metrics.serve(cfg.metrics_port, cfg.metrics_host or cfg.host)
             self.metrics_port = self._metrics_http[0].server_port
         self.admission.quota_of = self.security.quota_of
-        self.budget = MemoryBudget(parse_limit(cfg.memory_limit), self.processes, self.metrics)  # --memory-limit
         self.admission.budget = self.budget
-        if self.core is not None:
-            self.core.room_for = self.budget.room_for  # the background replica starts only if it fits
         await self.server.start()
         self._loop_lag = asyncio.create_task(looplag.watch(self.metrics.loop_lag), name="loop-lag")
         count = 1 if self.attach else cfg.frontend_processes
@@ -220,10 +219,11 @@ class TranslationServer:
         t0 = time.perf_counter()
         models = [HostedModel(bundle, self.cfg, self.metrics, engine=False)
                   for bundle in discover(self.cfg.model_repository)]
-        limit = parse_limit(self.cfg.memory_limit)  # replicas the server chooses: as many as the budget holds
-        line = int(REFUSE_AT * limit) if limit and not self.cfg.engine_replicas and not self.cfg.on_cuda else None
+        # A replica count the server chooses (one per core) is as many as the budget holds; one given is kept.
+        chosen = not self.cfg.engine_replicas and not self.cfg.on_cuda
         self.core = Replicas(self.cfg, self.metrics, on_down=self.health.not_ready, on_up=self._core_back,
-                             attach=self.attach, pieces={m.name: m.pieces for m in models}, memory_line=line)
+                             attach=self.attach, pieces={m.name: m.pieces for m in models},
+                             memory_line=self.budget.line if chosen else None, room_for=self.budget.room_for)
         ready = await self.core.start()
         facts = {f.name: f for f in ready.models}
         if not self.attach:  # the primary exports the core's series; an extra frontend only its own

@@ -76,11 +76,13 @@ async def _nothing() -> None:
 class Replicas:
     def __init__(self, cfg: ServerConfig, metrics: Metrics, on_down: Callable[[], Awaitable[None]],
                  on_up: Callable[[], Awaitable[None]], attach: str = "",
-                 pieces: Optional[dict[str, tuple[str, ...]]] = None, memory_line: Optional[int] = None):
+                 pieces: Optional[dict[str, tuple[str, ...]]] = None, memory_line: Optional[int] = None,
+                 room_for: Optional[Callable[[int], bool]] = None):
         """`attach`: the comma-separated core addresses of another process's replicas (an extra frontend).
         `pieces`: each model's vocabulary pieces, handed to the cores (CoreSupervisor). `memory_line`: where
         the memory budget refuses calls (bytes), when the replica count is the server's to choose: then
-        only as many start as fit it (replicas_that_fit)."""
+        only as many start as fit it (replicas_that_fit). `room_for(bytes)`: whether the budget holds that much
+        more (MemoryBudget.room_for): the background replica starts only then."""
         self.memory_line = memory_line
         self.on_down, self.on_up, self.pieces = on_down, on_up, pieces
         addresses = attach.split(",") if attach else [""] * cfg.replicas
@@ -99,7 +101,7 @@ class Replicas:
         self.background: CoreSupervisor | None = None  # running now
         self._background_lock = asyncio.Lock()
         self._background_watch: asyncio.Task | None = None
-        self.room_for: Optional[Callable[[int], bool]] = None  # MemoryBudget.room_for, set by the server
+        self.room_for = room_for
         self._no_room_logged = False
 
     # -- what the frontend and the pool read ---------------------------------------------------

@@ -131,9 +131,9 @@ def test_bad_model_repository_fails_fast(tmp_path):
 def test_health_says_serving_only_once_every_port_listens():
     """The overall health ("") turns SERVING last: grpcio-health-checking's servicer starts with it SERVING,
     and the gRPC port opened ~0.3 s before the HTTP port (the language identifier warms in between), so a
-    readiness probe could pass while HTTP still refused connections. Polled every 10 ms from launch: at the
-    first SERVING, the HTTP port takes a connection at once. (Whether a poll lands in that window depends on
-    grpc's reconnect backoff, so the test may miss the bug; it cannot fail without it.)"""
+    readiness probe could pass while HTTP still refused connections. Polled every 10 ms from launch, each
+    time on a new channel (one channel would wait out grpc's reconnect backoff and miss that window): at the
+    first SERVING, the HTTP port takes a connection at once."""
     import socket
 
     from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -142,20 +142,16 @@ def test_health_says_serving_only_once_every_port_listens():
     server = ServerProcess(http_port=0)
     server.launch()
     try:
-        with grpc.insecure_channel(server.target) as channel:
-            stub, end = health_pb2_grpc.HealthStub(channel), time.monotonic() + 180
-            seen = []
-            while time.monotonic() < end:
+        end, status = time.monotonic() + 180, None
+        while time.monotonic() < end and status != health_pb2.HealthCheckResponse.SERVING:
+            with grpc.insecure_channel(server.target) as channel:
                 try:
-                    status = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0).status
+                    status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1.0).status
                 except grpc.RpcError:
                     status = None  # not listening yet
-                seen.append(status)
-                if status == health_pb2.HealthCheckResponse.SERVING:
-                    break
-                time.sleep(0.01)
-            assert seen[-1] == health_pb2.HealthCheckResponse.SERVING
-            with socket.create_connection(("127.0.0.1", server.http_port), timeout=5):
-                pass  # refused before the fix whenever the first SERVING came in the window
+            time.sleep(0.01)
+        assert status == health_pb2.HealthCheckResponse.SERVING
+        with socket.create_connection(("127.0.0.1", server.http_port), timeout=5):
+            pass  # refused before the fix: SERVING came while the HTTP port was not yet listening
     finally:
         server.stop()

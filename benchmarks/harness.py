@@ -411,6 +411,12 @@ def cpu_features(flags: set[str]) -> str:
     return ", ".join(words)
 
 
+def commit_of(root: Path) -> str:
+    """The short commit a checkout is at (its working tree may differ: the page's Date line says which)."""
+    out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"
+
+
 def machine() -> dict:
     """CPU model and extensions, cores this process may run on, commit and date: what a report states
     about its run."""

@@ -25,13 +25,12 @@ import json
 import resource
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Optional
 
-from benchmarks.harness import ServerProcess, date_line, descendants, machine_line, parse_levels, \
+from benchmarks.harness import ServerProcess, commit_of, date_line, descendants, machine_line, parse_levels, \
     process_cpu_seconds, rotations, serve_level
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,12 +121,6 @@ def serve_side(root: Path, repository: Path, flags: list[str], levels: list[str]
                               "client_us_per_token": 1e6 * client / tokens,
                               "ttft_p50_ms": (figures.get("ttft_ms") or {}).get("p50")}
     return results
-
-
-def commit_of(root: Path) -> str:
-    """The short commit a checkout is at (its working tree may differ: the page's Date line says which)."""
-    out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return out.stdout.strip() or "unknown"
 
 
 def render(runs: dict, sides: dict, args, argv: list[str]) -> str:

@@ -27,8 +27,7 @@ from typing import Optional
 
 import httpx
 
-from benchmarks.harness import ServerProcess, date_line, machine_line
-from benchmarks.host_bound import commit_of
+from benchmarks.harness import ServerProcess, commit_of, date_line, machine_line
 from server.observability.memory import resident_bytes
 
 WITHIN = 1.10  # "back": within 10% of at rest (the target)

@@ -219,22 +219,25 @@ class HttpTraffic:
         lines = rng.choices(self.sentences, k=rng.randint(1, 6))
         native = rng.random() < 0.5
         data = ("\n".join(lines) + "\n").encode()
-        upload, path = ("/v1/files", "native") if native else ("/v2/document", "DeepL")
+        upload, api = ("/v1/files", "native") if native else ("/v2/document", "DeepL")
+        form = {"target_language": self.target} if native else {"target_lang": self.target.upper()}
+        headers = {} if native else AUTH
 
         async def fn():
-            form = {"target_language" if native else "target_lang": self.target if native else self.target.upper()}
             resp = await send(self.client, "POST", upload, data=form, files={"file": ("soak.txt", data, "text/plain")},
-                              headers={} if native else AUTH)
+                              headers=headers)
             if resp.status_code != 200:
                 return status(resp)
             got = resp.json()
-            ident = got.get("id") if native else got.get("document_id")
+            ident = got.get("id" if native else "document_id")
             shape(bool(ident), "a document id", resp)
-            key = {} if native else {"document_key": got.get("document_key", "")}
-            where = f"/v1/files/{ident}" if native else f"/v2/document/{ident}"
+            key = {} if native else {"data": {"document_key": got.get("document_key", "")}}
+
+            async def ask(path: str) -> httpx.Response:  # natively a GET; DeepL's a POST with the document key
+                return await send(self.client, "GET" if native else "POST", path, headers=headers, **key)
+            where = f"{upload}/{ident}"
             for _ in range(int(self.timeout / DOCUMENT_POLL_S)):
-                resp = await send(self.client, "GET" if native else "POST", where, headers={} if native else AUTH,
-                                  **({} if native else {"data": key}))
+                resp = await ask(where)
                 if resp.status_code != 200:
                     return status(resp)
                 state = resp.json().get("status")
@@ -245,12 +248,11 @@ class HttpTraffic:
                 await asyncio.sleep(DOCUMENT_POLL_S)
             else:
                 raise Outcome("HANG", f"the document was not done within {self.timeout:.0f} s")
-            resp = await send(self.client, "GET" if native else "POST", where + ("/content" if native else "/result"),
-                              headers={} if native else AUTH, **({} if native else {"data": key}))
+            resp = await ask(where + ("/content" if native else "/result"))
             if resp.status_code == 200:
                 shape(len(resp.content.decode("utf-8", "replace").splitlines()) == len(lines), "one line per line", resp)
             return status(resp)
-        return await self._call("http_document", "POST", upload, fn, f"{path}, {len(lines)} lines")
+        return await self._call("http_document", "POST", upload, fn, f"{api}, {len(lines)} lines")
 
     async def http_glossary(self, rng: random.Random) -> Record:
         words = sorted({w.strip(".,").lower() for w in rng.choice(self.sentences).split() if len(w) > 3}) or ["dog"]

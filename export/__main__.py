@@ -25,7 +25,9 @@ from export import inplace
 from export.inplace_standard import export_standard
 from export import onnx as graphs
 from export.parity import graph_parity, inplace_parity
+from export.calibrate import CALIBRATION_PERCENTILE, default_calibration, encode_sources, measure, ranges_for
 from export.quantize import DECODER_MIN_WEIGHTS, VNNI_WEIGHT_BITS, WEIGHT_BITS
+from export.quantize_static import quantize_static
 from export.variants import fp16_graphs, quantize_int8
 from export.weights import share_weights
 from models.core.bundle import BUNDLE_FORMAT, load_bundle
@@ -107,6 +109,35 @@ def build_config(args, cfg, meta: dict, variants: dict, signatures: dict, import
     }
 
 
+def _static_int8(args, model, imported, meta: dict, stage: Path, paths: dict, kinds: list, variants: dict) -> list[str]:
+    """Calibrate on the fp32 graphs and write the int8-static variant (export/quantize_static.py) into `stage`;
+    its problems (a product of these graphs without a calibrated range). Nothing when no calibration text."""
+    if args.calibration_text:
+        path = Path(args.calibration_text)
+        if not path.is_file():
+            return [f"--calibration-text {path}: no such file"]
+        found = (str(path), path.read_text(encoding="utf-8").splitlines())
+    else:
+        found = default_calibration(meta, args.src_lang, args.tgt_lang)
+    if found is None:
+        print("int8-static not written: no calibration text (--calibration-text)", file=sys.stderr)
+        return []
+    text, lines = found
+    encode = load_tokenizer("tokenizer.json" if imported is None else imported.tokenizer_entry, stage).encode
+    sources, spec = encode_sources(lines, encode, args.calibration_sentences), model.cfg
+    print(f"calibrating int8-static on {len(sources)} sentences of {text}", file=sys.stderr)
+    ranges = measure(paths["encoder"], paths["decoder"], sources, spec.pad_id, spec.bos_id, spec.eos_id,
+                     CALIBRATION_PERCENTILE)
+    problems, variants["int8-static"] = [], {}
+    for kind, key in kinds:
+        by_input, missing = ranges_for(onnx.load(str(paths[key])), ranges)
+        problems += [f"int8-static {kind}: {m}" for m in missing]
+        variants["int8-static"][kind] = f"{kind}.int8-static.onnx"
+        count = quantize_static(paths[key], stage / variants["int8-static"][kind], by_input)
+        print(f"int8-static {kind}: {count} products in int8", file=sys.stderr)
+    return problems
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = p.add_mutually_exclusive_group(required=True)
@@ -122,6 +153,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--opset", type=int, default=graphs.OPSET)
     p.add_argument("--int8", action="store_true",
                    help="also write the int8 variant (activations quantised per row: batch-invariant)")
+    p.add_argument("--calibration-text", metavar="FILE",
+                   help="with --int8: source-language sentences, one per line, whose greedy decoding measures the "
+                        "activation ranges of the int8-static variant (default: the validation split of the corpus "
+                        "the checkpoint was trained on, where ../shared/data has it; without any, int8-static is "
+                        "not written)")
+    p.add_argument("--calibration-sentences", type=int, default=500,
+                   help="how many calibration sentences to decode (the first N non-empty lines)")
     p.add_argument("--fp16", action="store_true", help="also write the fp16 (GPU) variant")
     p.add_argument("--no-inplace", action="store_true",
                    help="skip decoder_inplace.onnx (the engine then copies the cache into decoder_step.onnx each step)")
@@ -156,6 +194,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         stage = Path(tmp) / "bundle"
         print(f"exporting {args.name} v{args.version} ({model.num_parameters():,} parameters)", file=sys.stderr)
         paths = graphs.export_graphs(model, stage, args.opset)
+        if imported is None:
+            tok.save(stage / "tokenizer.json")
+        else:
+            for name, src in imported.tokenizer_files.items():
+                shutil.copy(src, stage / name)
         problems += check_graph(paths["encoder"], graphs.ENCODER_INPUTS, graphs.ENCODER_OUTPUTS,
                                 graphs.ENCODER_AXES, args.opset)
         problems += check_graph(paths["decoder"], graphs.DECODER_INPUTS, graphs.DECODER_OUTPUTS,
@@ -183,6 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     variants[variant][kind] = f"{kind}.{variant}.onnx"
                     quantize_int8(paths[key], stage / variants[variant][kind], bits,
                                   0 if kind == "encoder" else DECODER_MIN_WEIGHTS)
+            problems += _static_int8(args, model, imported, meta, stage, paths, kinds, variants)
         if args.fp16:
             print("converting to fp16", file=sys.stderr)
             variants["fp16"] = fp16_graphs(stage, variants["fp32"])
@@ -214,11 +258,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 variants[v]["weights"] = weights
             print(f"{', '.join(sharing)}: {len(graph_files)} graphs share {weights}: {before / 2**20:.1f} -> "
                   f"{after / 2**20:.1f} MiB of weights", file=sys.stderr)
-        if imported is None:
-            tok.save(stage / "tokenizer.json")
-        else:
-            for name, src in imported.tokenizer_files.items():
-                shutil.copy(src, stage / name)
         signatures = {"encoder": _io_signature(onnx.load(str(paths["encoder"]))),
                       "decoder_step": _io_signature(onnx.load(str(paths["decoder"])))}
         if with_inplace:
@@ -259,8 +298,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.int8:
             # int8-vnni's products are exact only on a CPU with VNNI: checked where this export runs on one.
             vnni = cpu_has_vnni()
-            for variant in ("int8", "int8-vnni") if vnni else ("int8",):
-                int8 = OnnxModel(bundle, RuntimeOptions(variant=variant, provider="cpu", int8_weights="7"))
+            for variant in [v for v in ("int8", "int8-vnni", "int8-static") if v in variants
+                            and (vnni or v != "int8-vnni")]:
+                int8 = OnnxModel(bundle, RuntimeOptions(variant=variant, provider="cpu", int8_weights="7",
+                                                        int8_activations="row"))
                 worst8 = max((d for d in graph_parity(model, int8) if d.output == "logits"),
                              key=lambda d: d.max_abs_diff)
                 print(f"{variant} logits: worst max|diff| {worst8.max_abs_diff:.3f}", file=sys.stderr)

@@ -65,10 +65,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         bundle = load_bundle(bundle_dir)
         result = {"sentences": len(src), "beam": args.beam, "alpha": args.alpha, "torch": torch.__version__}
         reference: dict[str, list[list[int]]] = {}  # PyTorch outputs, decoded once per mode
-        # int8 with 7-bit weights (every CPU), and int8-vnni (8-bit) where this CPU sums them exactly
-        variants = ["fp32", "int8"] + (["int8-vnni"] if "int8-vnni" in bundle.variants and cpu_has_vnni() else [])
+        # int8 with 7-bit weights and rows quantised while serving (every CPU), int8-static (calibrated ranges),
+        # and int8-vnni (8-bit) where this CPU sums them exactly
+        variants = ["fp32", "int8"] + [v for v in ("int8-static", "int8-vnni") if v in bundle.variants
+                                       and (v != "int8-vnni" or cpu_has_vnni())]
         for variant in variants:
-            onnx_model = OnnxModel(bundle, RuntimeOptions(variant=variant, provider="cpu", int8_weights="7"))
+            onnx_model = OnnxModel(bundle, RuntimeOptions(variant=variant, provider="cpu", int8_weights="7",
+                                                          int8_activations="row"))
             for beam in (1, args.beam):
                 t0 = time.perf_counter()
                 name = "greedy" if beam == 1 else f"beam{beam}"

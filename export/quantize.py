@@ -122,18 +122,31 @@ def _move_to_opset(model: onnx.ModelProto) -> None:
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
 
 
-def _weight_of(node: onnx.NodeProto, inits: dict) -> np.ndarray | None:
-    """W (K, N) if `node` multiplies an activation by a constant 2-D weight (MatMul, or a plain Gemm)."""
-    if node.op_type == "MatMul" and node.input[1] in inits and len(inits[node.input[1]].dims) == 2 \
-            and node.input[0] not in inits:
-        return numpy_helper.to_array(inits[node.input[1]])
-    if node.op_type == "Gemm" and node.input[1] in inits and node.input[0] not in inits:
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        if attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0:
-            return None
-        w = numpy_helper.to_array(inits[node.input[1]])
-        return w.T if attrs.get("transB", 0) else w
-    return None
+def constant_weights(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """Every constant 2-D weight a product can read, by the name the product reads it under: initializers, and
+    a Transpose of one (the tied output projection reads the embedding transposed)."""
+    inits = {i.name: i for i in model.graph.initializer if len(i.dims) == 2}
+    weights = {name: numpy_helper.to_array(init) for name, init in inits.items()}
+    for node in model.graph.node:
+        if node.op_type == "Transpose" and node.input[0] in inits:
+            perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), [1, 0])
+            weights[node.output[0]] = weights[node.input[0]].transpose(perm)
+    return weights
+
+
+def products(model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, np.ndarray]]:
+    """(node, W (K, N)) for every MatMul or plain Gemm of an activation by a constant 2-D weight."""
+    weights = constant_weights(model)
+    found = []
+    for node in model.graph.node:
+        if node.op_type == "MatMul" and node.input[1] in weights and node.input[0] not in weights:
+            found.append((node, weights[node.input[1]]))
+        elif node.op_type == "Gemm" and node.input[1] in weights and node.input[0] not in weights:
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            if not attrs.get("transA", 0) and attrs.get("alpha", 1.0) == 1.0 and attrs.get("beta", 1.0) == 1.0:
+                w = weights[node.input[1]]
+                found.append((node, w.T if attrs.get("transB", 0) else w))
+    return found
 
 
 def quantize_rowwise(src: Path, dst: Path, weight_bits: int = WEIGHT_BITS, min_weights: int = 0) -> int:
@@ -144,7 +157,7 @@ def quantize_rowwise(src: Path, dst: Path, weight_bits: int = WEIGHT_BITS, min_w
     model = onnx.load(str(src))
     _move_to_opset(model)
     graph = model.graph
-    inits = {i.name: i for i in graph.initializer}
+    found = {node.output[0]: w for node, w in products(model)}
     shared = [numpy_helper.from_array(np.array(1.0 / ACT_LEVELS, np.float32), "q_inv_levels"),
               numpy_helper.from_array(np.array(1e-12, np.float32), "q_eps"),
               numpy_helper.from_array(np.array(1.0, np.float32), "q_one"),
@@ -153,16 +166,14 @@ def quantize_rowwise(src: Path, dst: Path, weight_bits: int = WEIGHT_BITS, min_w
     nodes, count = [], 0
     quantized: dict[str, tuple[str, str]] = {}  # activation -> (uint8 rows, row scales): once per activation
     for node in graph.node:
-        w = _weight_of(node, inits)
+        w = found.get(node.output[0])
         if w is None or w.shape[0] > longest or w.size < min_weights:
             nodes.append(node)
             continue
         count += 1
         p = f"q{count}_"
-        w_scale = np.maximum(np.abs(w).max(axis=0), 1e-12) / levels  # (N,)
-        w_q = np.clip(np.round(w / w_scale), -levels, levels).astype(np.int8)
-        graph.initializer.extend([numpy_helper.from_array(w_q, p + "w"),
-                                  numpy_helper.from_array(w_scale.astype(np.float32), p + "w_scale")])
+        w_q, w_scale = quantize_weights(w, levels)  # (K, N) int8, (N,)
+        graph.initializer.extend([numpy_helper.from_array(w_q, p + "w"), numpy_helper.from_array(w_scale, p + "w_scale")])
         x, out = node.input[0], node.output[0]
         bias = node.input[2] if node.op_type == "Gemm" and len(node.input) > 2 else None
         if x not in quantized:
@@ -185,12 +196,33 @@ def quantize_rowwise(src: Path, dst: Path, weight_bits: int = WEIGHT_BITS, min_w
         ]
         if bias:  # Gemm's bias, after the row scale
             nodes.append(helper.make_node("Add", [p + "y", bias], [out]))
+    graph.initializer.extend(shared)
+    save_rewritten(model, nodes, dst)
+    return count
+
+
+def quantize_weights(w: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray]:
+    """W (K, N) -> (int8 codes in -levels..levels, scale per output channel (N,)): W ~ codes x scale."""
+    scale = np.maximum(np.abs(w).max(axis=0), 1e-12) / levels
+    return np.clip(np.round(w / scale), -levels, levels).astype(np.int8), scale.astype(np.float32)
+
+
+def save_rewritten(model: onnx.ModelProto, nodes: list[onnx.NodeProto], dst: Path) -> None:
+    """Give `model` the rewritten `nodes`, less any whose outputs nothing reads any more (the tied projection's
+    Transpose of the embedding once a product holds its own int8 copy) and the initializers no node reads,
+    and save it to `dst`."""
+    graph = model.graph
+    outputs = {o.name for o in graph.output}
+    while True:
+        read = outputs | {i for n in nodes for i in n.input}
+        live = [n for n in nodes if any(o in read for o in n.output)]
+        if len(live) == len(nodes):
+            break
+        nodes = live
     graph.ClearField("node")
     graph.node.extend(nodes)
-    graph.initializer.extend(shared)
     used = {i for n in graph.node for i in n.input}
     keep = [i for i in graph.initializer if i.name in used]
     graph.ClearField("initializer")
     graph.initializer.extend(keep)
     onnx.save(model, str(dst))
-    return count

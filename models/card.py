@@ -139,7 +139,7 @@ def render(state: dict, log: list[dict], quality: dict, name: str, selection: li
         "|---|---|---|---|",
         f"| PyTorch (models/search.py) | {q['pytorch']['greedy']:.2f} | {q['pytorch'][beam_key]:.2f} | — |",
     ]
-    for variant in [v for v in ("fp32", "int8", "int8-vnni") if f"onnx_{v}_greedy" in q]:
+    for variant in [v for v in ("fp32", "int8", "int8-vnni", "int8-static") if f"onnx_{v}_greedy" in q]:
         g, b = q[f"onnx_{variant}_greedy"], q[f"onnx_{variant}_{beam_key}"]
         lines.append(f"| ONNX Runtime {variant} + numpy (models/core/static_decode.py) | {g['bleu']:.2f} | {b['bleu']:.2f} | "
                      f"{100 * g['identical_to_pytorch']:.1f}% / {100 * b['identical_to_pytorch']:.1f}% |")
@@ -154,7 +154,15 @@ def render(state: dict, log: list[dict], quality: dict, name: str, selection: li
         f"greedy decoding of the test set at batch 32 ran at {q['int8_speedup_greedy_b32']:.2f}× fp32's speed "
         "(same decoder, same process, one timed pass; docs/serving_speed.md has the served comparison).",
         *(["int8-vnni: the same with 8-bit weights, exact on a CPU with VNNI or AMX only; `--variant int8` serves it "
-           "on such a CPU (`--int8-weights`, export/quantize.py)."] if "onnx_int8-vnni_greedy" in q else []),
+           "on such a CPU with `--int8-activations row` or `--int8-weights 8` (export/quantize.py)."]
+          if "onnx_int8-vnni_greedy" in q else []),
+        *([f"int8-static: 7-bit weights and every product in int8, each activation quantised by a constant range "
+           f"calibrated at export on the model's own greedy decoding of validation sentences (export/calibrate.py, "
+           f"export/quantize_static.py; batch-invariant by construction): BLEU change "
+           f"{q[f'onnx_int8-static_{beam_key}']['bleu'] - q[f'onnx_fp32_{beam_key}']['bleu']:+.2f} with beam "
+           f"search, {q['onnx_int8-static_greedy']['bleu'] - q['onnx_fp32_greedy']['bleu']:+.2f} greedy; "
+           "`--variant int8` serves it where the bundle has it (`--int8-activations`; its speed: docs/export.md)."]
+          if "onnx_int8-static_greedy" in q else []),
         f"Measured by `python -m export.quality` (see {quality_file}).",
         "",
         "## Intended use and limits",

@@ -30,9 +30,14 @@ HELP = {
                  "else ~/.cache/nmt-serve",
     "default_model": "model for requests that name none; empty = the first by name",
     "variant": "bundle graphs to run: fp32, int8 or fp16 (fp16 is for --provider cuda)",
-    "int8_weights": "with --variant int8 on the CPU: auto (the bundle's 8-bit weights, int8-vnni, on a CPU with "
-                    "VNNI or AMX, exact there and one bit closer to fp32; its 7-bit weights elsewhere), 7 (7-bit "
-                    "everywhere: the same tokens on every x86 CPU of a mixed fleet) or 8",
+    "int8_weights": "with --variant int8 on the CPU and the row-wise graphs (see --int8-activations): auto (the "
+                    "bundle's 8-bit weights, int8-vnni, on a CPU with VNNI or AMX, exact there and one bit closer to "
+                    "fp32; its 7-bit weights elsewhere), 7 (7-bit everywhere: the same tokens on every x86 CPU of a "
+                    "mixed fleet) or 8 (which also chooses the row-wise graphs)",
+    "int8_activations": "with --variant int8 on the CPU: auto (the bundle's int8-static graphs, activation ranges "
+                        "calibrated at export, where it has them and --int8-weights is not 8; the row-wise graphs "
+                        "otherwise), static (those, or refuse to start) or row (activations quantised per row "
+                        "while serving, as before)",
     "provider": "ONNX Runtime execution provider: auto (CUDA when available), cpu or cuda",
     "device": "CUDA devices for the engine replicas, one replica each: e.g. cuda:0 or cuda:0,cuda:1; empty = "
               "every visible device with --engine-core process (CuPy counts them; one without it), device 0 "

@@ -9,6 +9,7 @@ Repository layout (Triton's `<repository>/<model>/<version>/`):
           encoder.onnx         decoder_step.onnx        (fp32)
           encoder.int8.onnx    decoder_step.int8.onnx   (int8, activations quantised per row; 7-bit weights)
           encoder.int8-vnni.onnx ...                    (int8-vnni: the same with 8-bit weights, for VNNI CPUs)
+          encoder.int8-static.onnx ...                  (int8-static: activation ranges calibrated at export)
           decoder_inplace.onnx decoder_inplace.int8.onnx (optional: the step over the slot cache in place)
           weights.bin          weights.int8.bin         (tensors stored once: fp32's, then both int8
                                                          variants' quantised matrices; int8's fp32 tensors

@@ -52,6 +52,10 @@ class RuntimeOptions:
     # VNNI or AMX, its 7-bit int8 graphs elsewhere; "7" the 7-bit ones everywhere (the same tokens on every
     # x86 CPU); "8" the 8-bit ones (wrong products without VNNI: export/quantize.py).
     int8_weights: str = "auto"  # auto | 7 | 8
+    # variant "int8" on the CPU: "auto" serves the bundle's int8-static graphs (activation ranges calibrated at
+    # export, export/quantize_static.py: the fastest int8 measured, docs/export.md) where it has them and 8-bit
+    # weights were not asked for, else the row-wise graphs above; "static" insists on them; "row" never.
+    int8_activations: str = "auto"  # auto | static | row
     # On CUDA, the in-place standard-op step replayed as captured CUDA graphs, one per bucket of running rows
     # (models/core/inplace_step.py). Not for GQA's graph (fp16) yet: it reads total_len on the host, and replays
     # with it changing per step gave other tokens on an H200 (docs/benchmarks/gpu/README.md); held at the
@@ -135,7 +139,7 @@ def int8_problem(bundle: Bundle, variant: str, vnni: Optional[bool]) -> Optional
     """Why this bundle's graphs of `variant` (int8 or int8-vnni) would compute wrong products on this CPU,
     or None."""
     # int8-vnni is 8-bit by definition; int8 is 8-bit in bundles from before export/quantize.py's 7 bits
-    bits = 8 if variant == "int8-vnni" else bundle.config.get("int8_weight_bits", 8)
+    bits = 8 if variant == "int8-vnni" else 7 if variant == "int8-static" else bundle.config.get("int8_weight_bits", 8)
     if bits <= 7 or vnni is not False:
         return None
     return (f"{bundle.name}: its {variant} graphs have {bits}-bit weights, and this CPU has no VNNI: ONNX "
@@ -145,13 +149,24 @@ def int8_problem(bundle: Bundle, variant: str, vnni: Optional[bool]) -> Optional
 
 
 def served_variant(bundle: Bundle, opts: RuntimeOptions, provider: str) -> str:
-    """The bundle variant whose graphs run: `opts.variant`, except that int8 on the CPU takes the 8-bit
-    weights (int8-vnni) where `opts.int8_weights` says so ("auto": where the CPU has VNNI) and the bundle
-    has them."""
+    """The bundle variant whose graphs run: `opts.variant`, except that int8 on the CPU takes the statically
+    calibrated graphs (int8-static) or the 8-bit weights (int8-vnni) where `opts.int8_activations` and
+    `opts.int8_weights` say so and the bundle has them."""
     if opts.int8_weights not in ("auto", "7", "8"):
         raise ValueError(f"int8_weights {opts.int8_weights!r}: auto, 7 or 8")
-    if opts.variant != "int8" or provider != "CPUExecutionProvider" or opts.int8_weights == "7":
+    if opts.int8_activations not in ("auto", "static", "row"):
+        raise ValueError(f"int8_activations {opts.int8_activations!r}: auto, static or row")
+    if opts.variant != "int8" or provider != "CPUExecutionProvider":
         return opts.variant
+    if opts.int8_activations == "static" or (opts.int8_activations == "auto" and opts.int8_weights != "8"):
+        if "int8-static" in bundle.variants:
+            return "int8-static"
+        if opts.int8_activations == "static":
+            raise RuntimeError(f"{bundle.name}/{bundle.version} has no statically calibrated int8 graphs "
+                               "(int8-static): re-export it with `python -m export ... --int8` and calibration "
+                               "text (--calibration-text)")
+    if opts.int8_weights == "7":
+        return "int8"
     if "int8-vnni" not in bundle.variants:
         if opts.int8_weights == "8":
             raise RuntimeError(f"{bundle.name}/{bundle.version} has no 8-bit int8 graphs (int8-vnni): re-export "

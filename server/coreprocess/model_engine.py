@@ -47,6 +47,7 @@ class ModelEngine:
         from server.core.scheduler import Scheduler
         keep_freed_memory()
         self.runtime = OnnxModel(bundle, RuntimeOptions(variant=cfg.variant, int8_weights=cfg.int8_weights,
+                                                        int8_activations=cfg.int8_activations,
                                                         provider=cfg.provider, decoder=cfg.decoder,
                                                         cuda_graphs=cfg.cuda_graphs,
                                                         device_id=cfg.devices[0] if cfg.on_cuda else 0,

@@ -36,7 +36,12 @@ def repo(tmp_path_factory):
                 "meta": {"src_lang": "xx", "tgt_lang": "yy"}}, ckpt_dir / "model.pt")
     (ckpt_dir / "MODEL_CARD.md").write_text("# tiny\n")
     out = root / "repository"
-    assert export_main(["--checkpoint", str(ckpt_dir / "model.pt"), "--out", str(out), "--int8", "--fp16"]) == 0
+    calibration = root / "calibration.txt"  # letter sentences like the ones the tiny model is tested on
+    rng = np.random.default_rng(7)
+    calibration.write_text("".join(" ".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"), rng.integers(2, 12)))
+                                   + "\n" for _ in range(300)))
+    assert export_main(["--checkpoint", str(ckpt_dir / "model.pt"), "--out", str(out), "--int8", "--fp16",
+                        "--calibration-text", str(calibration)]) == 0
     return model, out
 
 
@@ -45,10 +50,11 @@ def test_bundle_layout_and_config(repo):
     (bundle,) = discover(out)
     assert bundle.path == out / "tiny-xx-yy" / "1"
     assert (bundle.name, bundle.version, bundle.source_language, bundle.target_language) == ("tiny-xx-yy", 1, "xx", "yy")
-    assert set(bundle.variants) == {"fp32", "int8", "int8-vnni", "fp16"}
+    assert set(bundle.variants) == {"fp32", "int8", "int8-vnni", "int8-static", "fp16"}
     for name in ("encoder.onnx", "decoder_step.onnx", "encoder.int8.onnx", "decoder_step.int8.onnx",
                  "decoder_inplace.onnx", "decoder_inplace.int8.onnx", "encoder.int8-vnni.onnx",
                  "decoder_step.int8-vnni.onnx", "decoder_inplace.int8-vnni.onnx", "weights.int8.bin",
+                 "encoder.int8-static.onnx", "decoder_step.int8-static.onnx", "decoder_inplace.int8-static.onnx",
                  "tokenizer.json", "config.json", "MODEL_CARD.md", "README.md"):
         assert (bundle.path / name).exists(), name
     config = json.loads((bundle.path / "config.json").read_text())
@@ -68,8 +74,8 @@ def test_bundle_layout_and_config(repo):
     # library's newest, 14, made onnxruntime-gpu refuse the standard-op graph at load).
     for graph in bundle.path.glob("*.onnx"):
         assert onnx.load(graph, load_external_data=False).ir_version <= 13, graph.name
-    # both int8 variants' matrices in one file; their fp32 tensors are fp32's own bytes
-    assert config["variants"]["int8"]["weights"] == config["variants"]["int8-vnni"]["weights"] == "weights.int8.bin"
+    # the int8 variants' matrices in one file; their fp32 tensors are fp32's own bytes
+    assert {config["variants"][v]["weights"] for v in ("int8", "int8-vnni", "int8-static")} == {"weights.int8.bin"}
     int8_graph = onnx.load(bundle.path / "decoder_inplace.int8.onnx", load_external_data=False)
     places = {e.value for i in int8_graph.graph.initializer for e in i.external_data if e.key == "location"}
     assert places == {"weights.bin", "weights.int8.bin"}
@@ -99,9 +105,10 @@ def test_inplace_graph_matches_pytorch(repo):
     diffs = inplace_parity(model, onnx_model.inplace)
     assert {d.output for d in diffs} == {"logits", "present_key", "present_value"}
     assert max(d.max_abs_diff for d in diffs) <= 1e-4
-    int8 = OnnxModel(load_bundle(out / "tiny-xx-yy" / "1"), RuntimeOptions(variant="int8", provider="cpu"))
-    logits = [d.max_abs_diff for d in inplace_parity(model, int8.inplace) if d.output == "logits"]
-    assert 0 < max(logits) < INT8_BOUND
+    for weights in ("7", "static"):
+        int8 = int8_model(out, weights)
+        logits = [d.max_abs_diff for d in inplace_parity(model, int8.inplace) if d.output == "logits"]
+        assert 0 < max(logits) < INT8_BOUND, weights
 
 
 def test_fp32_graphs_match_pytorch(repo):
@@ -112,39 +119,47 @@ def test_fp32_graphs_match_pytorch(repo):
     assert max(d.max_abs_diff for d in diffs) <= 1e-4
 
 
-def test_int8_graphs_stay_close(repo):
+@pytest.mark.parametrize("weights", ["7", "static"])
+def test_int8_graphs_stay_close(repo, weights):
     model, out = repo
-    onnx_model = OnnxModel(load_bundle(out / "tiny-xx-yy" / "1"), RuntimeOptions(variant="int8", provider="cpu"))
+    onnx_model = int8_model(out, weights)
     logits = [d.max_abs_diff for d in graph_parity(model, onnx_model) if d.output == "logits"]
     # Quantised (not identical): the trained tiny model's logits move by ~0.08; the exporter's own
     # sanity bound (INT8_LOGIT_TOLERANCE) is far looser, for any model.
     assert 0 < max(logits) < INT8_BOUND < INT8_LOGIT_TOLERANCE
 
 
+SERVED = {"7": "int8", "8": "int8-vnni", "static": "int8-static"}
+
+
 def int8_model(out, weights: str) -> OnnxModel:
-    """The int8 variant with 7- or 8-bit weights (8: int8-vnni, exact on a CPU with VNNI only)."""
+    """The int8 variant with rows quantised while serving and 7- or 8-bit weights (8: int8-vnni, exact on a CPU
+    with VNNI only), or with activation ranges calibrated at export ("static": int8-static, 7-bit weights)."""
     if weights == "8" and not cpu_has_vnni():
         pytest.skip("8-bit weights are served only on a CPU with VNNI, and this one has none")
-    return OnnxModel(load_bundle(out / "tiny-xx-yy" / "1"),
-                     RuntimeOptions(variant="int8", provider="cpu", int8_weights=weights))
+    options = RuntimeOptions(variant="int8", provider="cpu", int8_activations="static") if weights == "static" \
+        else RuntimeOptions(variant="int8", provider="cpu", int8_weights=weights, int8_activations="row")
+    model = OnnxModel(load_bundle(out / "tiny-xx-yy" / "1"), options)
+    assert model.variant == SERVED[weights]
+    return model
 
 
-@pytest.mark.parametrize("weights", ["7", "8"])
+@pytest.mark.parametrize("weights", ["7", "8", "static"])
 def test_int8_decodes_the_fp32_tokens(repo, weights):
     """int8 greedy = PyTorch greedy on nearly every row of varied decodes (188/200 measured; a weight
     scale stored 10% off gave 131/200 and logits off by 1.35)."""
     model, out = repo
     int8 = int8_model(out, weights)
-    assert int8.variant == {"7": "int8", "8": "int8-vnni"}[weights]
     rng = np.random.default_rng(0)
     sources = [list(rng.integers(4, model.cfg.vocab_size, rng.integers(1, 12))) + [2] for _ in range(200)]
     result = token_parity(model, int8, sources)
     assert varied(result.torch_ids) and result.identical >= 0.9 * result.sentences, result.identical
 
 
-@pytest.mark.parametrize("weights", ["7", "8"])
+@pytest.mark.parametrize("weights", ["7", "8", "static"])
 def test_int8_rows_do_not_depend_on_their_batch(repo, weights):
-    """Activations are quantised per row: a row's logits alone equal its logits among others.
+    """Activations are quantised per row, or by a constant range (int8-static): a row's logits alone equal
+    its logits among others.
 
     (ONNX Runtime's quantize_dynamic scales a whole batch's activations together: its rows'
     logits moved by ~1e-2 with the company they kept, and tokens changed with it.)"""
@@ -370,3 +385,42 @@ def test_int8_product_is_exact_at_the_extremes(tmp_path, bits):
     w_q = np.round(w / w_scale).astype(np.int64)
     want = (q @ w_q) * w_scale * s
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize("graph", ["encoder", "decoder_step", "decoder_inplace"])
+def test_static_int8_is_two_nodes_per_product(repo, graph):
+    """int8-static: every product with a constant weight is int8, each activation quantised once by a
+    constant scale (no per-row chain), a bias that followed a product folded into it, nothing left
+    computing for nothing (the tied projection's transposed embedding)."""
+    from export.calibrate import products
+    _, out = repo
+    model = onnx.load(str(out / "tiny-xx-yy" / "1" / f"{graph}.int8-static.onnx"))
+    nodes = model.graph.node
+    ops = [n.op_type for n in nodes]
+    assert not products(model) and not {"Abs", "ReduceMax", "DynamicQuantizeLinear", "MatMulInteger"} & set(ops)
+    int8 = [n for n in nodes if n.op_type == "MatMulIntegerToFloat"]
+    quantize = [n for n in nodes if n.op_type == "QuantizeLinear"]
+    assert int8 and len(quantize) == len({n.input[0] for n in int8})
+    constants = {i.name for i in model.graph.initializer}
+    assert all(q.input[1] in constants and q.input[2] in constants for q in quantize)
+    made_by = {o: n.op_type for n in nodes for o in n.output}
+    assert not [n for n in nodes if n.op_type == "Add" and any(made_by.get(i) == "MatMulIntegerToFloat"
+                                                                for i in n.input)
+                and any(i in constants for i in n.input)]
+    read = {i for n in nodes for i in n.input} | {o.name for o in model.graph.output}
+    assert all(any(o in read for o in n.output) for n in nodes)
+
+
+def test_static_int8_needs_calibration_text(repo, tmp_path, capsys):
+    """Without calibration text (an imported model, a checkpoint whose corpus is not here) the export says so
+    and writes the other variants; a calibration file that does not exist is a problem, and nothing is
+    written."""
+    _, out = repo
+    ckpt = str(out.parent / "tiny-xx-yy" / "model.pt")
+    assert export_main(["--checkpoint", ckpt, "--out", str(tmp_path / "a"), "--int8"]) == 0
+    assert "int8-static not written: no calibration text" in capsys.readouterr().err
+    assert set(load_bundle(tmp_path / "a" / "tiny-xx-yy" / "1").variants) == {"fp32", "int8", "int8-vnni"}
+    assert export_main(["--checkpoint", ckpt, "--out", str(tmp_path / "b"), "--int8",
+                        "--calibration-text", str(tmp_path / "missing.txt")]) == 1
+    assert "missing.txt: no such file" in capsys.readouterr().err
+    assert not (tmp_path / "b" / "tiny-xx-yy").exists()

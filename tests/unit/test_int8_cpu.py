@@ -58,3 +58,26 @@ def test_other_variants_providers_and_older_bundles_are_left_alone(monkeypatch):
 
 def test_this_cpu_is_read():
     assert cpu_has_vnni() in (True, False, None)
+
+
+@pytest.mark.parametrize("activations, weights, want", [
+    ("auto", "auto", "int8-static"), ("auto", "7", "int8-static"), ("static", "auto", "int8-static"),
+    ("auto", "8", "int8-vnni"),  # 8-bit weights asked for: only the row-wise graphs have them
+    ("row", "auto", "int8-vnni"), ("row", "7", "int8"),
+])
+def test_int8_serves_the_calibrated_graphs_where_the_bundle_has_them(monkeypatch, activations, weights, want):
+    monkeypatch.setattr(runtime, "cpu_has_vnni", lambda: True)
+    every = _bundle({"int8_weight_bits": 7}, ("fp32", "int8", "int8-vnni", "int8-static"))
+    options = RuntimeOptions(variant="int8", int8_weights=weights, int8_activations=activations)
+    assert served_variant(every, options, CPU) == want
+    assert int8_problem(every, "int8-static", vnni=False) is None  # seven-bit weights: exact on every x86 CPU
+
+
+def test_static_int8_asked_of_a_bundle_without_it_is_refused(monkeypatch):
+    monkeypatch.setattr(runtime, "cpu_has_vnni", lambda: False)
+    older = _bundle({"int8_weight_bits": 7}, ("fp32", "int8", "int8-vnni"))
+    assert served_variant(older, RuntimeOptions(variant="int8"), CPU) == "int8"  # auto: the row-wise graphs
+    with pytest.raises(RuntimeError, match="no statically calibrated int8 graphs"):
+        served_variant(older, RuntimeOptions(variant="int8", int8_activations="static"), CPU)
+    with pytest.raises(ValueError, match="auto, static or row"):
+        served_variant(older, RuntimeOptions(variant="int8", int8_activations="dynamic"), CPU)

@@ -136,6 +136,20 @@ class ServerProcess:
         return [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(self.port),
                 "--metrics-port", str(self.metrics_port), "--http-port", str(self.http_port), *self.flags]
 
+    def served_variants(self) -> dict[str, str]:
+        """model -> the graph variant its engine loaded (nmt_model_info: `int8` may be served as int8-static,
+        int8-vnni or int8, models/core/runtime.py served_variant). Needs the metrics endpoint."""
+        import re
+        import urllib.request
+
+        text = urllib.request.urlopen(self.metrics_url, timeout=10).read().decode()
+        found = {}
+        for line in text.splitlines():
+            if line.startswith("nmt_model_info{"):
+                labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+                found[labels["model"]] = labels["variant"]
+        return found
+
     # -- lifecycle ------------------------------------------------------------------------------
     def launch(self) -> "ServerProcess":
         """Start the process and return at once (start() also waits for SERVING)."""

@@ -132,6 +132,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--decoders", type=lambda s: s.split(","), default=["inplace", "copy"])
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--variant", default="fp32", choices=["fp32", "int8"], help="bundle variant the server runs")
+    p.add_argument("--int8-activations", default="auto", choices=["auto", "static", "row"],
+                   help="with --variant int8: the server's --int8-activations (which int8 graphs it serves)")
     p.add_argument("--limit", type=int, default=0, help="first N sentences only (0 = all)")
     p.add_argument("--engine-core", default="thread", choices=["thread", "process"],
                    help="server --engine-core: the engine in the server's process or in a core process")
@@ -150,10 +152,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The reference has no runaway guard; what the guard changes (loops only) is measured by
         # benchmarks/runaway.py.
         server = ServerProcess("--decoder", decoder, "--max-queue-size", "4096", "--runaway-guard", "false",
-                               "--variant", args.variant, "--engine-core", args.engine_core, metrics=False).launch()
+                               "--variant", args.variant, "--int8-activations", args.int8_activations,
+                               "--engine-core", args.engine_core).launch()
         try:
             print(f"server --decoder {decoder}", file=sys.stderr, flush=True)
             got = asyncio.run(collect(server.target, texts, args.beam))
+            served = "/".join(sorted(set(server.served_variants().values())))
         finally:
             server.stop()
         if reference is not None:
@@ -168,11 +172,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name_a, name_b, a, b in pairs:
             diff = compare(a, b)
             failed |= bool(diff)
-            rows.append((f"{decoder} {args.variant}" + (" (engine core process)" if args.engine_core == "process"
+            rows.append((f"{decoder} {served}" + (" (engine core process)" if args.engine_core == "process"
                                                          else ""), name_a, name_b, len(texts) - len(diff), len(texts),
                          ", ".join(str(i) for i in diff[:10])))
             print(f"  {name_a} vs {name_b}: {len(texts) - len(diff)}/{len(texts)} identical", file=sys.stderr)
-    heading = (f"## {args.variant}, decoders {','.join(args.decoders)}, engine "
+    variant = args.variant if args.variant == "fp32" or args.int8_activations == "auto" else \
+        f"int8 (activations {args.int8_activations})"
+    heading = (f"## {variant}, decoders {','.join(args.decoders)}, engine "
                + ("core process" if args.engine_core == "process" else "thread"))
     lines = ["", f"Command: `python -m benchmarks.serving_parity {' '.join(argv)}` ({time.monotonic() - t0:.0f} s)", "",
              date_line(), "", machine_line(f"Python {platform.python_version()}"), "",

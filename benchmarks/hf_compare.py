@@ -10,8 +10,13 @@ text decodes exactly its output budget on both servers (the shared rule 1.5 x so
 no forced EOS), equal lengths on both sides. The same Hugging
 Face directory goes through `python -m export --from-huggingface` (ours) and
 `ct2-transformers-converter` (CTranslate2, float32); both servers are driven by the same client code in
-serving_compare's rotation (all up at once, each load served to each in turn: run_rotation), and must
-produce the same tokens on 50 texts first.
+serving_compare's rotation (all up at once, each load served to each in turn: run_rotation); the share of
+texts both decode to the same tokens (50 texts) is reported.
+
+--precision int8 serves int8 on both sides, as LibreTranslate deployments run CTranslate2: ours exported with
+`--int8`, calibrated on Multi30k's validation captions (int8-static, the graphs `--variant int8` serves), plus
+the row-wise int8 as a third contender (`ours:row`, `--int8-activations row`); the peer's compute_type int8 on
+the same converted weights. The report adds how many of the 50 texts our int8 decodes to our fp32's tokens.
 The peer is tuned as CTranslate2 advises: every --ct2-configs setting (replicas x intra-op threads,
 texts per batch, GEMM library; serving_compare's notation) runs in the same rotation and each load is compared
 with the best of them.
@@ -37,6 +42,7 @@ from benchmarks.harness import ServerProcess, date_line, machine_line, wait_serv
 
 ROOT = Path(__file__).resolve().parents[1]
 CAPTIONS = ROOT / "tests/data/test_2016_flickr.head200.en"
+CALIBRATION = ROOT.parent / "shared/data/multi30k/val.en"  # validation captions: calibration reads no test data
 OPUS_MT = dict(d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8, decoder_attention_heads=8,
                encoder_ffn_dim=2048, decoder_ffn_dim=2048, max_position_embeddings=512, vocab_size=58101)
 
@@ -72,11 +78,12 @@ def build_model(out: Path) -> Path:
     return out / "hf"
 
 
-def prepare(work: Path) -> dict:
+def prepare(work: Path, precision: str) -> dict:
     hf = build_model(work / "marian")
     repo = work / "repo"
+    int8 = ["--int8", "--calibration-text", str(CALIBRATION)] if precision == "int8" else []
     subprocess.run([sys.executable, "-m", "export", "--from-huggingface", str(hf), "--out", str(repo),
-                    "--name", "opus-mt-shaped"], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+                    "--name", "opus-mt-shaped", *int8], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     ct2 = work / "ct2"
     subprocess.run(["ct2-transformers-converter", "--model", str(hf), "--output_dir", str(ct2), "--force"],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -85,14 +92,34 @@ def prepare(work: Path) -> dict:
 
 def start(kind: str, paths: dict, args) -> tuple[Callable[[], object], int, str]:
     """The server of `kind` launched: (how to stop it, its pid, its target)."""
-    if kind == "ours":
+    if kind.startswith("ours"):
+        activations = kind.partition(":")[2] or "auto"  # ours:row = the row-wise int8
         server = ServerProcess("--model-repository", paths["repo"], "--max-queue-size", "4096",
-                               "--max-batch-size", str(args.max_batch_size),
+                               "--max-batch-size", str(args.max_batch_size), "--variant", args.precision,
+                               "--int8-activations", activations,
                                "--runaway-guard", "false",  # random weights with EOS suppressed loop by design
                                metrics=False).launch()
         return (lambda: server.stop(timeout=30)), server.pid, server.target
-    return start_peer(kind.partition(":")[2] or f"1x{args.ct2_threads}", args.max_batch_size, "float32",
-                      "--model", paths["ct2"], "--bundle", paths["bundle"])
+    return start_peer(kind.partition(":")[2] or f"1x{args.ct2_threads}", args.max_batch_size,
+                      "float32" if args.precision == "fp32" else "int8", "--model", paths["ct2"],
+                      "--bundle", paths["bundle"])
+
+
+def fp32_agreement(bundle: str, texts: list[str], n: int, got: list[list[int]]) -> int:
+    """How many of `got` (our int8 server's tokens for `texts`, n each) equal our fp32 graphs' greedy tokens."""
+    from models.core.bundle import load_bundle
+    from models.core.bundle_tokenizer import load_tokenizer
+    from models.core.runtime import OnnxModel, RuntimeOptions
+    from models.core.static_decode import greedy, pad_batch
+
+    config = load_bundle(Path(bundle))
+    tok = load_tokenizer(config.tokenizer_entry, config.path)
+    fp32 = OnnxModel(config, RuntimeOptions(variant="fp32", provider="cpu"))
+    ids = [tok.encode(t) for t in texts]
+    want = []
+    for i in range(0, len(ids), 16):
+        want += greedy(fp32, *pad_batch(ids[i:i + 16], config.spec.pad_id), max_len=n)
+    return sum(list(a) == list(b) for a, b in zip(got, want))
 
 
 async def tokens_of(target: str, texts: list[str], n: int) -> list[list[int]]:
@@ -103,10 +130,11 @@ async def tokens_of(target: str, texts: list[str], n: int) -> list[list[int]]:
         return [list(t.hypotheses[0].token_ids) for t in resp.translations]
 
 
-def render(res: dict, args, argv: list[str], same: int, n_same: int) -> str:
+def render(res: dict, args, argv: list[str], same: int, n_same: int, to_fp32: int | None = None) -> str:
     ours, base = res["ours"], best_ct2(res)
     peers = [k for k in res if k.startswith("ct2:")]
-    lines = ["# An OPUS-MT-sized Marian model: our server vs CTranslate2", "",
+    title = "" if args.precision == "fp32" else ", int8 on both sides"
+    lines = ["# An OPUS-MT-sized Marian model: our server vs CTranslate2" + title, "",
              f"Command: `python -m benchmarks.hf_compare {shlex.join(argv)}`", "",
              date_line(), "",
              machine_line("both servers and the client share it"), "",
@@ -115,7 +143,9 @@ def render(res: dict, args, argv: list[str], same: int, n_same: int) -> str:
              f"measured. Cells are medians of {args.repeats} repeats; \"per repeat\" is the range of each repeat's "
              "own ratio. Greedy over the first 200 test_2016_flickr captions, every text decoding its whole output "
              "budget (EOS never wins: see the module docstring).", "",
-             f"Same tokens: {same}/{n_same} texts identical between the two servers (fp32).", "",
+             f"Same tokens: {same}/{n_same} texts identical between the two servers ({args.precision})."
+             + ("" if to_fp32 is None else f" Our int8 against our fp32 graphs: {to_fp32}/{n_same} texts identical."),
+             "",
              "CT2 = benchmarks/ct2_server.py at its best setting for each load, out of "
              f"{', '.join(f'`{c}`' for c in args.ct2_configs)} (replicas x intra-op threads each, `-bB` texts per "
              "batch, `@GEMM` a GEMM library other than CTranslate2's own choice; all in the same rotation).", "",
@@ -134,6 +164,19 @@ def render(res: dict, args, argv: list[str], same: int, n_same: int) -> str:
                  f"**{ours['unary_tokens_per_s'] / base['unary_tokens_per_s']:.2f}** | "
                  f"{paired_range(ours['unary_per_repeat'], base['unary_per_repeat'])} | | "
                  f"{ours['unary_cpu_us_per_token']:.0f} / {base['unary_cpu_us_per_token']:.0f} | {each} |")
+    if "ours:row" in res:  # the two int8s of ours, same rotation
+        row = res["ours:row"]
+        lines += ["", "Our two int8s (same rotation): int8-static (`ours`, what `--variant int8` serves) and the "
+                  "row-wise int8 (`ours:row`, `--int8-activations row`).", "",
+                  "| load | int8-static tok/s | row-wise tok/s | static / row | per repeat |", "|---|---|---|---|---|"]
+        for c in ours["streams"]:
+            o, r = ours["streams"][c], row["streams"][c]
+            lines.append(f"| {c} streams | {o['tokens_per_s']:,.0f} | {r['tokens_per_s']:,.0f} | "
+                         f"{o['tokens_per_s'] / r['tokens_per_s']:.2f} | "
+                         f"{paired_range(o['per_repeat'], r['per_repeat'])} |")
+        lines.append(f"| unary | {ours['unary_tokens_per_s']:,.0f} | {row['unary_tokens_per_s']:,.0f} | "
+                     f"{ours['unary_tokens_per_s'] / row['unary_tokens_per_s']:.2f} | "
+                     f"{paired_range(ours['unary_per_repeat'], row['unary_per_repeat'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -152,27 +195,33 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="the peer's settings in the rotation, serving_compare's notation (default: one replica "
                         "on every core, a replica per core, a replica per core with batches split)")
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--out", default=str(ROOT / "docs/benchmarks/hf_compare.md"))
+    p.add_argument("--precision", default="fp32", choices=["fp32", "int8"],
+                   help="int8: our int8 (int8-static, and the row-wise int8 as ours:row) against CTranslate2's int8")
+    p.add_argument("--out", default=None, help="default docs/benchmarks/hf_compare.md (int8: hf_compare_int8.md)")
     args = p.parse_args(argv)
+    args.out = args.out or str(ROOT / "docs/benchmarks" / ("hf_compare.md" if args.precision == "fp32"
+                                                          else "hf_compare_int8.md"))
     args.ct2_configs = args.ct2_configs or default_ct2_configs(os.cpu_count() or 2, args.max_batch_size)
     check_ct2_configs(p, args.ct2_configs, args.max_batch_size)
     texts = [t for t in CAPTIONS.read_text().splitlines() if t.strip()]
     with tempfile.TemporaryDirectory(prefix="hf-compare-") as tmp:
         print("building the model, exporting it and converting it for CTranslate2", file=sys.stderr, flush=True)
-        paths = prepare(Path(tmp))
+        paths = prepare(Path(tmp), args.precision)
         peers = [f"ct2:{c}" for c in args.ct2_configs]
-        servers = start_all(("ours", *peers), lambda kind: start(kind, paths, args))
+        ours = ("ours", "ours:row") if args.precision == "int8" else ("ours",)
+        servers = start_all((*ours, *peers), lambda kind: start(kind, paths, args))
         try:
             a, b = (asyncio.run(tokens_of(servers[k][2], texts[:50], args.tokens)) for k in ("ours", peers[0]))
             same = sum(x == y for x, y in zip(a, b))
-            print(f"same tokens: {same}/50", file=sys.stderr, flush=True)
+            to_fp32 = fp32_agreement(paths["bundle"], texts[:50], args.tokens, a) if args.precision == "int8" else None
+            print(f"same tokens: {same}/50; int8 = our fp32: {to_fp32}/50", file=sys.stderr, flush=True)
             runs = run_rotation(servers, texts, args)
         finally:
             stop_all(servers)
     res = {k: median_of(v) for k, v in runs.items()}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render(res, args, argv, same, 50))
+    out.write_text(render(res, args, argv, same, 50, to_fp32))
     (out.with_suffix(".json")).write_text(json.dumps({"runs": runs, "median": res}, indent=1, default=str))
     print(out.read_text())
     return 0

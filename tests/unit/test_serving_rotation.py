@@ -55,3 +55,21 @@ def test_a_contender_that_fails_to_start_stops_those_already_started():
     assert stopped == ["ours", "ct2:2x1"]
     servers = start_all(["ours", "ct2:2x1"], launch)
     assert list(servers) == ["ours", "ct2:2x1"] and stopped == ["ours", "ct2:2x1"]
+
+
+def test_hf_compare_int8_reports_both_of_our_int8s_against_the_peer():
+    """hf_compare --precision int8: the peer's int8 at its best, our served int8 (int8-static) against it, and
+    our two int8s side by side with their per-repeat ratios; the int8-vs-fp32 agreement is stated."""
+    from argparse import Namespace
+
+    from benchmarks.hf_compare import render
+    res = {"ours": median_of(raw({8: [300.0, 330.0]}, [1200.0, 1300.0])),
+           "ours:row": median_of(raw({8: [200.0, 300.0]}, [1000.0, 1000.0])),
+           "ct2:2x1": median_of(raw({8: [150.0, 150.0]}, [600.0, 650.0]))}
+    args = Namespace(precision="int8", seconds=10.0, repeats=2, ct2_configs=["2x1"], unary_texts=32, unary_clients=2)
+    page = render(res, args, ["--precision", "int8"], 41, 50, to_fp32=37)
+    assert "int8 on both sides" in page and "41/50 texts identical between the two servers (int8)" in page
+    assert "Our int8 against our fp32 graphs: 37/50" in page
+    assert "| 8 streams | 315 | 150 (`2x1`) | **2.10** |" in page  # medians: 315 against 150
+    assert "| 8 streams | 315 | 250 | 1.26 | 1.10-1.50 |" in page  # static / row, each repeat's own ratio
+    assert "| unary | 1,250 | 1,000 | 1.25 | 1.20-1.30 |" in page

@@ -32,7 +32,8 @@ from benchmarks.ct2_server import backend_env
 from benchmarks.harness import TEST_SOURCES, date_line, machine_line, rotations
 
 ROOT = Path(__file__).resolve().parents[1]
-ENGINES = ["torch-recompute", "torch-cache", "ort-fp32", "ort-int8", "ct2-float32", "ct2-int8"]
+# ort-int8: what `--variant int8` serves (int8-static where the bundle has it); ort-int8-row: the row-wise int8
+ENGINES = ["torch-recompute", "torch-cache", "ort-fp32", "ort-int8", "ort-int8-row", "ct2-float32", "ct2-int8"]
 
 
 def batches_of(items: list, size: int) -> list[list]:
@@ -66,8 +67,9 @@ def run_worker(args: argparse.Namespace) -> dict:
         from models.core import static_decode
         from models.core.bundle import load_bundle
         from models.core.runtime import OnnxModel, RuntimeOptions
-        model = OnnxModel(load_bundle(args.bundle), RuntimeOptions(variant=engine.split("-")[1], provider="cpu",
-                                                                   intra_op_threads=threads))
+        model = OnnxModel(load_bundle(args.bundle), RuntimeOptions(
+            variant=engine.split("-")[1], provider="cpu", intra_op_threads=threads,
+            int8_activations="row" if engine.endswith("-row") else "auto"))
         # Split each step into ONNX Runtime vs numpy/Python: the step session static greedy runs
         # (the in-place graph when the bundle has it).
         from benchmarks.serving_load import time_inside
@@ -198,7 +200,8 @@ def render(results: dict, args: argparse.Namespace, versions: dict) -> str:
     lines += ["", "Ratios (same run" + ("; CTranslate2 at its fastest backend per batch size, named" if several else "")
               + "):", "", "| ratio | " + " | ".join(f"batch {b}" for b in batch_sizes) + " |",
               "|---|" + "---|" * len(batch_sizes)]
-    pairs = [("ort-fp32", "ct2-float32"), ("ort-int8", "ct2-int8"), ("ort-fp32", "torch-cache"),
+    pairs = [("ort-fp32", "ct2-float32"), ("ort-int8", "ct2-int8"), ("ort-int8-row", "ct2-int8"), ("ort-int8", "ort-fp32"),
+             ("ort-int8", "ort-int8-row"), ("ort-fp32", "torch-cache"),
              ("torch-cache", "torch-recompute")]
     for a, b_ in [(a, b_) for a, b_ in pairs if a in args.engines and b_ in args.engines]:
         cells = []
@@ -211,7 +214,7 @@ def render(results: dict, args: argparse.Namespace, versions: dict) -> str:
             cells.append(f"{results[(a, b)]['tokens_per_s'] / ref['tokens_per_s']:.2f}x{named}")
         lines.append(f"| {a} / {b_} | " + " | ".join(cells) + " |")
     lines += ["", "Token agreement with CTranslate2 float32 (same sentences, same forced length):", ""]
-    for engine in ("torch-cache", "ort-fp32", "ort-int8", "ct2-int8"):
+    for engine in ("torch-cache", "ort-fp32", "ort-int8", "ort-int8-row", "ct2-int8"):
         for b in batch_sizes:
             if (engine, b) in results and ("ct2-float32", b) in results:
                 ours, ref = results[(engine, b)]["outputs"], results[("ct2-float32", b)]["outputs"]
@@ -219,7 +222,7 @@ def render(results: dict, args: argparse.Namespace, versions: dict) -> str:
                 lines.append(f"- {engine}, batch {b}: {same}/{len(ref)} sentences identical")
     lines += ["", "ONNX Runtime step profile (ms per decode step, the encoder pass amortised into it, vs time "
               "inside the decoder's session run; the rest is the encoder, numpy and Python):", ""]
-    for engine in ("ort-fp32", "ort-int8"):
+    for engine in ("ort-fp32", "ort-int8", "ort-int8-row"):
         for b in batch_sizes:
             p = results.get((engine, b), {}).get("profile")
             if p:

@@ -44,6 +44,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if cfg.model:  # Hugging Face models: imported once (in a subprocess: no torch here), then served
             export_args = {"int8": ["--int8"], "fp16": ["--fp16"]}.get(cfg.variant, [])
+            if cfg.variant == "int8" and cfg.calibration_text:
+                export_args += ["--calibration-text", str(Path(cfg.calibration_text).resolve())]
             cfg.model_repository = str(prepare_repository(cfg.model, Path(cfg.cache_dir) if cfg.cache_dir else None,
                                                           export_args=export_args))
         status = asyncio.run(serve(cfg))

@@ -91,6 +91,7 @@ class ServerConfig:
     variant: str = "fp32"  # fp32 | int8 | fp16
     int8_weights: str = "auto"  # auto | 7 | 8 (models/core/runtime.py served_variant)
     int8_activations: str = "auto"  # auto | static | row (models/core/runtime.py served_variant)
+    calibration_text: str = ""  # --model with --variant int8: the import's int8-static calibration sentences
     provider: str = "auto"  # auto | cpu | cuda
     device: str = ""  # cuda:N[,cuda:M...]; "" = every visible device (see devices)
     decoder: str = "auto"  # auto | inplace | standard | copy
@@ -300,6 +301,8 @@ class ServerConfig:
             out.append(f"--int8-weights must be auto, 7 or 8 (got {self.int8_weights!r})")
         if self.int8_activations not in ("auto", "static", "row"):
             out.append(f"--int8-activations must be auto, static or row (got {self.int8_activations!r})")
+        if self.calibration_text and not os.path.isfile(self.calibration_text):
+            out.append(f"--calibration-text {self.calibration_text}: no such file")
         if self.decoder not in ("auto", "inplace", "standard", "copy"):
             out.append(f"--decoder must be auto, inplace, standard or copy (got {self.decoder!r})")
         if self.device and not all(re.fullmatch(r"cuda:\d+", d) for d in self.device.split(",")):

@@ -38,6 +38,9 @@ HELP = {
                         "calibrated at export, where it has them and --int8-weights is not 8; the row-wise graphs "
                         "otherwise), static (those, or refuse to start) or row (activations quantised per row "
                         "while serving, as before)",
+    "calibration_text": "with --model and --variant int8: a file of source-language sentences, one per line, that "
+                        "the import decodes to calibrate the int8-static graphs (export --calibration-text); "
+                        "without it an imported model serves the row-wise int8",
     "provider": "ONNX Runtime execution provider: auto (CUDA when available), cpu or cuda",
     "device": "CUDA devices for the engine replicas, one replica each: e.g. cuda:0 or cuda:0,cuda:1; empty = "
               "every visible device with --engine-core process (CuPy counts them; one without it), device 0 "

@@ -100,6 +100,10 @@ def hub_snapshot(repo_id: str) -> Optional[Path]:
 def describe(arg: str, export_args: Sequence[str] = ()) -> Source:
     """Name and cache key of one --model argument, without importing anything."""
     h = hashlib.sha256(f"{BUNDLE_FORMAT}\0{' '.join(export_args)}\0".encode())
+    for value in export_args:  # a file the importer reads (--calibration-text): a new version is a new import
+        if os.path.isfile(value):
+            st = os.stat(value)
+            h.update(f"\0{value}\0{st.st_size}\0{st.st_mtime_ns}".encode())
     path = Path(arg).expanduser()
     if path.is_dir():
         path = path.resolve()

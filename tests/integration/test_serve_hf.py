@@ -287,3 +287,19 @@ def test_nmt_serve_model_serves_it_in_one_command(first, hf_dir, tmp_path):
     failed = run_server("--model", str(broken), "--cache-dir", str(tmp_path / "c"), "--port", "0", "--http-port", "-1",
                         "--metrics-port", "-1", timeout=300)
     assert failed.returncode == 2 and "cannot serve" in failed.stderr
+
+
+def test_an_int8_import_with_calibration_text_serves_int8_static(hf_dir, tmp_path, events):
+    """`--model X --variant int8 --calibration-text F`: the import calibrates the int8-static graphs on F (what
+    `--variant int8` then serves); the file is part of the cache key, so an edited file is a new import."""
+    text = tmp_path / "calibration.en"
+    text.write_text("a man rides a horse .\ntwo dogs play in the snow .\na child reads a book .\n")
+    args = ["--int8", "--calibration-text", str(text)]
+    cache = tmp_path / "cache"
+    repo = prepare_repository([str(hf_dir)], cache, export_args=args, log=events.log)
+    (bundle,) = discover(repo)
+    assert {"int8", "int8-static"} <= set(bundle.variants)
+    key = describe(str(hf_dir), args).key
+    assert key != describe(str(hf_dir), ["--int8"]).key
+    text.write_text("a woman sings .\n")
+    assert describe(str(hf_dir), args).key != key

@@ -329,6 +329,11 @@ def test_int8_weights_setting_is_checked():
     from server.config import ServerConfig
     assert not ServerConfig(variant="int8", int8_weights="7").problems()
     assert any("--int8-weights must be auto, 7 or 8" in p for p in ServerConfig(int8_weights="eight").problems())
+    assert any("--int8-activations must be auto, static or row" in p
+               for p in ServerConfig(int8_activations="dynamic").problems())
+    assert any("--calibration-text /nonexistent/c.txt: no such file" in p
+               for p in ServerConfig(calibration_text="/nonexistent/c.txt").problems())
+    assert not ServerConfig(variant="int8", int8_activations="row", calibration_text=__file__).problems()
 
 
 def test_a_links_tallies_follow_its_jobs():

@@ -118,7 +118,7 @@ def _static_int8(args, model, imported, meta: dict, stage: Path, paths: dict, ki
             return [f"--calibration-text {path}: no such file"]
         found = (str(path), path.read_text(encoding="utf-8").splitlines())
     else:
-        found = default_calibration(meta, args.src_lang, args.tgt_lang)
+        found = default_calibration(meta, meta.get("src_lang", args.src_lang), meta.get("tgt_lang", args.tgt_lang))
     if found is None:
         print("int8-static not written: no calibration text (--calibration-text)", file=sys.stderr)
         return []

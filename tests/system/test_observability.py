@@ -264,13 +264,15 @@ def test_process_and_build_info_metrics(served):
         {"model": name, "__value__": 1024.0} for name in SHIPPED]
 
 
-@pytest.mark.parametrize("weights", ["auto", "7"])
-def test_model_info_names_the_int8_weights_served(weights):
-    """--variant int8 runs the bundle's 8-bit graphs (int8-vnni) on a CPU with VNNI, its 7-bit ones elsewhere
-    or when told (--int8-weights 7); nmt_model_info says which, from the engine core that loaded them."""
+@pytest.mark.parametrize("activations, weights", [("auto", "auto"), ("row", "auto"), ("row", "7")])
+def test_model_info_names_the_int8_graphs_served(activations, weights):
+    """--variant int8 runs the bundle's int8-static graphs (activation ranges calibrated at export) by default;
+    with --int8-activations row its row-wise graphs: 8-bit weights (int8-vnni) on a CPU with VNNI, 7-bit ones
+    elsewhere or when told (--int8-weights 7). nmt_model_info says which, from the engine core that loaded them."""
     from models.core.runtime import cpu_has_vnni
-    want = "int8-vnni" if weights == "auto" and cpu_has_vnni() else "int8"
-    with ServerProcess("--variant", "int8", "--int8-weights", weights) as server:
+    want = "int8-static" if activations == "auto" else \
+        "int8-vnni" if weights == "auto" and cpu_has_vnni() else "int8"
+    with ServerProcess("--variant", "int8", "--int8-activations", activations, "--int8-weights", weights) as server:
         with urllib.request.urlopen(server.metrics_url, timeout=10) as r:
             exported = samples(r.read().decode())
     assert {m["variant"] for m in exported["nmt_model_info"]} == {want}

@@ -197,10 +197,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--precision", default="fp32", choices=["fp32", "int8"],
                    help="int8: our int8 (int8-static, and the row-wise int8 as ours:row) against CTranslate2's int8")
-    p.add_argument("--out", default=None, help="default docs/benchmarks/hf_compare.md (int8: hf_compare_int8.md)")
+    p.add_argument("--out", default=None, help="default docs/benchmarks/hf_compare.md (int8: marian_int8_vs_ct2.md)")
     args = p.parse_args(argv)
     args.out = args.out or str(ROOT / "docs/benchmarks" / ("hf_compare.md" if args.precision == "fp32"
-                                                          else "hf_compare_int8.md"))
+                                                          else "marian_int8_vs_ct2.md"))
     args.ct2_configs = args.ct2_configs or default_ct2_configs(os.cpu_count() or 2, args.max_batch_size)
     check_ct2_configs(p, args.ct2_configs, args.max_batch_size)
     texts = [t for t in CAPTIONS.read_text().splitlines() if t.strip()]

@@ -57,7 +57,7 @@ def test_a_contender_that_fails_to_start_stops_those_already_started():
     assert list(servers) == ["ours", "ct2:2x1"] and stopped == ["ours", "ct2:2x1"]
 
 
-def test_hf_compare_int8_reports_both_of_our_int8s_against_the_peer():
+def test_marian_int8_vs_ct2_reports_both_of_our_int8s_against_the_peer():
     """hf_compare --precision int8: the peer's int8 at its best, our served int8 (int8-static) against it, and
     our two int8s side by side with their per-repeat ratios; the int8-vs-fp32 agreement is stated."""
     from argparse import Namespace

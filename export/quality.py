@@ -48,6 +48,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--alpha", type=float, default=1.0)
     p.add_argument("--limit", type=int, default=0, help="first N sentences only (0 = all)")
+    p.add_argument("--variants", default="", help="only these variants besides fp32, e.g. int8-static (default: "
+                   "int8, int8-static where the bundle has it, int8-vnni where this CPU has VNNI)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     model, tok, _ = load_checkpoint(args.checkpoint)
@@ -69,6 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # and int8-vnni (8-bit) where this CPU sums them exactly
         variants = ["fp32", "int8"] + [v for v in ("int8-static", "int8-vnni") if v in bundle.variants
                                        and (v != "int8-vnni" or cpu_has_vnni())]
+        if args.variants:
+            variants = ["fp32"] + [v for v in args.variants.split(",") if v in bundle.variants]
         for variant in variants:
             onnx_model = OnnxModel(bundle, RuntimeOptions(variant=variant, provider="cpu", int8_weights="7",
                                                           int8_activations="row"))

@@ -9,6 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from export.calibrate import Samples, ranges_for, weight_key
 from export.quantize_static import activation_code, quantize_static
+from models.core.runtime import use_shared_pool
 
 
 def test_a_relu_range_spends_every_code_on_positives():
@@ -72,7 +73,9 @@ def test_a_rewritten_product_is_batch_invariant_and_close(tmp_path):
     model = onnx.load(str(dst))
     assert [n.op_type for n in model.graph.node] == ["QuantizeLinear", "MatMulIntegerToFloat", "Relu",
                                                       "QuantizeLinear", "MatMulIntegerToFloat"]
-    session = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()  # a process whose OnnxModel made the shared pool refuses per-session threads
+    options.use_per_session_threads = not use_shared_pool(0)
+    session = ort.InferenceSession(str(dst), options, providers=["CPUExecutionProvider"])
     together = session.run(None, {"x": x})[0]
     for r in range(len(x)):
         assert np.array_equal(session.run(None, {"x": x[r:r + 1]})[0][0], together[r]), r

@@ -125,6 +125,8 @@ def _static_int8(args, model, imported, meta: dict, stage: Path, paths: dict, ki
     text, lines = found
     encode = load_tokenizer("tokenizer.json" if imported is None else imported.tokenizer_entry, stage).encode
     sources, spec = encode_sources(lines, encode, args.calibration_sentences), model.cfg
+    if not sources:
+        return [f"int8-static: the calibration text ({text}) has no sentence"]
     print(f"calibrating int8-static on {len(sources)} sentences of {text}", file=sys.stderr)
     ranges = measure(paths["encoder"], paths["decoder"], sources, spec.pad_id, spec.bos_id, spec.eos_id,
                      CALIBRATION_PERCENTILE)

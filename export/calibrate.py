@@ -99,7 +99,10 @@ class Recorder:
         return {name: values[name] for name in self.outputs}
 
     def ranges(self, percentile: float) -> dict[str, tuple[float, float]]:
-        return {key: self.samples[name].range(percentile) for name, keys in self.keys.items() for key in keys}
+        """Each sampled activation's range by product key; one never sampled has none (ranges_for then names
+        its products)."""
+        return {key: self.samples[name].range(percentile) for name, keys in self.keys.items() if self.samples[name].kept
+                for key in keys}
 
 
 def measure(encoder: Path, decoder_step: Path, sources: Sequence[Sequence[int]], pad_id: int, bos_id: int,

@@ -413,8 +413,8 @@ def test_static_int8_is_two_nodes_per_product(repo, graph):
 
 def test_static_int8_needs_calibration_text(repo, tmp_path, capsys):
     """Without calibration text (an imported model, a checkpoint whose corpus is not here) the export says so
-    and writes the other variants; a calibration file that does not exist is a problem, and nothing is
-    written."""
+    and writes the other variants; a calibration file that does not exist, or holds no sentence, is a problem,
+    and nothing is written."""
     _, out = repo
     ckpt = str(out.parent / "tiny-xx-yy" / "model.pt")
     assert export_main(["--checkpoint", ckpt, "--out", str(tmp_path / "a"), "--int8"]) == 0
@@ -424,3 +424,7 @@ def test_static_int8_needs_calibration_text(repo, tmp_path, capsys):
                         "--calibration-text", str(tmp_path / "missing.txt")]) == 1
     assert "missing.txt: no such file" in capsys.readouterr().err
     assert not (tmp_path / "b" / "tiny-xx-yy").exists()
+    (tmp_path / "blank.txt").write_text("\n  \n")  # nothing to decode: no range could be measured
+    assert export_main(["--checkpoint", ckpt, "--out", str(tmp_path / "c"), "--int8",
+                        "--calibration-text", str(tmp_path / "blank.txt")]) == 1
+    assert "has no sentence" in capsys.readouterr().err and not (tmp_path / "c" / "tiny-xx-yy").exists()

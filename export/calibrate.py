@@ -25,6 +25,7 @@ import onnx
 import onnxruntime as ort
 
 from export.quantize import products
+from models.core.static_decode import pad_batch
 from models.core.runtime import use_shared_pool
 
 # The range clips the rarest 0.001% of each tail, chosen on validation data: both shipped models calibrated on
@@ -110,12 +111,8 @@ def measure(encoder: Path, decoder_step: Path, sources: Sequence[Sequence[int]],
     """Ranges by weight key: greedy decoding of `sources` (token ids) through the fp32 graphs."""
     enc, dec = Recorder(encoder), Recorder(decoder_step)
     for start in range(0, len(sources), batch):
-        group = sources[start:start + batch]
-        width = max(len(s) for s in group)
-        src = np.full((len(group), width), pad_id, dtype=np.int64)
-        for i, s in enumerate(group):
-            src[i, :len(s)] = s
-        mask = src != pad_id
+        src, mask = pad_batch(sources[start:start + batch], pad_id)
+        width = src.shape[1]
         out = enc.run({"src_ids": src, "src_mask": mask}, mask)
         _greedy(dec, out["cross_k"], out["cross_v"], mask, bos_id, eos_id, min(max_len, 2 * width + 10))
     ranges = enc.ranges(percentile)
